@@ -1,0 +1,93 @@
+/* A fake CUDA driver for tests: simulates granularity, physical capacity, VA reservations,
+ * handles, mappings, access, streams (capture state), events and memory figures; keeps a
+ * ledger of every live object and every call; injects faults at any entry point.
+ * Not thread-safe by itself except where noted: one global fake, guarded by one mutex. */
+#ifndef VMMARENA_FAKE_DRIVER_H
+#define VMMARENA_FAKE_DRIVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vmmarena/driver.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FAKE_MAX_DEVICES 4
+
+typedef struct fake_options {
+  int device_count;          /* default 1, at most FAKE_MAX_DEVICES */
+  size_t granularity;        /* default 2 MiB */
+  size_t capacity;           /* physical bytes per device; default 80 GiB */
+  size_t va_space;           /* total VA the fake hands out; default 1 TiB */
+  int integrated;            /* CU_DEVICE_ATTRIBUTE_INTEGRATED of every device; default 0 */
+  size_t host_mem_available; /* what host_memory_available reports; default 64 GiB */
+  int peer_access;           /* cuDeviceCanAccessPeer answer; default 1 */
+  int record_calls;          /* keep the call log (default 1); off for benchmarks */
+} fake_options;
+
+/* Resets the fake to a clean state with these options (NULL = defaults) and returns its table. */
+const struct vmm_driver *fake_driver_reset(const fake_options *opts);
+/* The table of the current fake (valid after a reset). */
+const struct vmm_driver *fake_driver(void);
+
+/* ---- Fault injection ----------------------------------------------------------------- */
+/* Fail the Nth call (1-based, counted from now) of `entry` with `result`; once, or that call
+ * and every later call of that entry point while `persistent`. One rule per entry point;
+ * a new rule replaces the old. */
+void fake_fail_nth(vmm_driver_entry entry, unsigned nth, CUresult result, int persistent);
+/* Fail the Nth driver call of any entry point (counted from now), once or persistently. */
+void fake_fail_nth_any(unsigned nth, CUresult result, int persistent);
+void fake_clear_faults(void);
+/* Calls that an injected fault failed so far. */
+unsigned fake_faults_fired(void);
+
+/* ---- Simulated state ----------------------------------------------------------------- */
+void fake_set_capacity(int device, size_t bytes);
+void fake_set_host_mem_available(size_t bytes);
+void fake_set_integrated(int integrated);
+/* Streams are any non-NULL pointer value the test invents; capture state is per stream. */
+void fake_set_capturing(CUstream stream, int capturing);
+
+/* ---- Ledger -------------------------------------------------------------------------- */
+typedef struct fake_ledger {
+  size_t live_handles, live_handle_bytes; /* created, not released */
+  size_t live_mappings, mapped_bytes;     /* mapped, not unmapped */
+  size_t reservations, reserved_bytes;    /* reserved, not freed */
+  size_t live_events;
+  size_t calls;                           /* every call so far */
+  size_t errors;                          /* misuse the fake detected (double release, unmap of unmapped, ...) */
+  size_t ctx_pushed;                      /* push minus pop */
+  size_t primary_retained;                /* retain minus release */
+  size_t calls_by_entry[VMM_DRV_ENTRY_COUNT];
+} fake_ledger;
+
+void fake_get_ledger(fake_ledger *out);
+/* 1 if nothing is live (handles, mappings, reservations, events, pushed contexts, retained
+ * primary contexts) and no misuse was detected; otherwise 0 and prints what is left. */
+int fake_ledger_clean(void);
+/* Text of the first misuse the fake detected, or NULL. */
+const char *fake_first_error(void);
+
+/* The call log: entry point and result of every call in order (if record_calls). */
+typedef struct fake_call {
+  vmm_driver_entry entry;
+  CUresult result;
+  uintptr_t a0, a1; /* first two arguments as integers: ptr/size, handle, stream, event ... */
+} fake_call;
+size_t fake_call_count(void);
+const fake_call *fake_call_at(size_t index);
+/* Number of calls of `entry` in the log from index `from` on. */
+size_t fake_calls_since(size_t from, vmm_driver_entry entry);
+
+/* Handles and the physical memory they hold, for checks: bytes of handle backing `ptr`
+ * through a mapping, 0 if unmapped. */
+size_t fake_mapped_size_at(CUdeviceptr ptr);
+/* Whether device `dev` was given access to the mapping at ptr. */
+int fake_access_granted(CUdeviceptr ptr, int dev);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
