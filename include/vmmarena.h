@@ -187,6 +187,13 @@ VMM_API vmm_status vmm_arena_snapshot(vmm_arena *arena, vmm_snapshot *out);
  * VMM_ERR_INVALID_ARGUMENT and writes nothing useful. */
 VMM_API vmm_status vmm_arena_snapshot_json(vmm_arena *arena, char *buf, size_t cap, size_t *needed);
 
+/* ---- Invariants ---------------------------------------------------------------------- */
+
+/* Walks every structure (ranges disjoint and inside reservations, free list coalesced, pool
+ * buckets non-empty and sorted, counters equal to a recount). Returns 0 if sound, otherwise
+ * non-zero with a description in why. */
+VMM_API int vmm_arena_check(vmm_arena *arena, char *why, size_t cap);
+
 /* ---- Trace --------------------------------------------------------------------------- */
 
 /* Starts (path non-NULL) or stops (NULL) the operation trace (docs/trace.md). */

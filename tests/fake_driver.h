@@ -24,7 +24,7 @@ typedef struct fake_options {
   int integrated;            /* CU_DEVICE_ATTRIBUTE_INTEGRATED of every device; default 0 */
   size_t host_mem_available; /* what host_memory_available reports; default 64 GiB */
   int peer_access;           /* cuDeviceCanAccessPeer answer; default 1 */
-  int record_calls;          /* keep the call log (default 1); off for benchmarks */
+  int record_calls;          /* keep the call log (default 1; -1 = off); off for benchmarks */
 } fake_options;
 
 /* Resets the fake to a clean state with these options (NULL = defaults) and returns its table. */

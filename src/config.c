@@ -1,0 +1,220 @@
+/* Configuration: one parser for the C API, the VMMARENA_* environment and the Python package. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "internal.h"
+
+static __thread char config_error[512];
+
+const char *vmm_config_error(void) { return config_error; }
+
+static vmm_status usage(const char *name, const char *value, const char *why) {
+  snprintf(config_error, sizeof config_error, "%s=\"%s\": %s", name, value ? value : "(null)", why);
+  return VMM_ERR_INVALID_ARGUMENT;
+}
+
+/* Parses the size; on failure says why (static text). */
+static vmm_status parse_size(const char *text, size_t *bytes, const char **why) {
+  if (!text || !bytes) return *why = "NULL argument", VMM_ERR_INVALID_ARGUMENT;
+  const char *p = text;
+  if (*p == '\0') return *why = "empty size", VMM_ERR_INVALID_ARGUMENT;
+  if (*p == '-') return *why = "negative size", VMM_ERR_INVALID_ARGUMENT;
+  if (!isdigit((unsigned char)*p)) return *why = "a size starts with a digit (e.g. 8G, 512M, 1.5G, 4096)", VMM_ERR_INVALID_ARGUMENT;
+  unsigned __int128 whole = 0;
+  while (isdigit((unsigned char)*p)) {
+    whole = whole * 10 + (unsigned)(*p++ - '0');
+    if (whole > UINT64_MAX) return *why = "size overflows 64 bits", VMM_ERR_INVALID_ARGUMENT;
+  }
+  unsigned __int128 frac = 0, frac_div = 1;
+  if (*p == '.') {
+    p++;
+    if (!isdigit((unsigned char)*p)) return *why = "a decimal point needs digits after it", VMM_ERR_INVALID_ARGUMENT;
+    while (isdigit((unsigned char)*p)) {
+      if (frac_div < 1000000000000000000ull) {
+        frac = frac * 10 + (unsigned)(*p - '0');
+        frac_div *= 10;
+      }
+      p++;
+    }
+  }
+  unsigned shift = 0;
+  switch (toupper((unsigned char)*p)) {
+  case 'K': shift = 10; p++; break;
+  case 'M': shift = 20; p++; break;
+  case 'G': shift = 30; p++; break;
+  case 'T': shift = 40; p++; break;
+  case 'P': shift = 50; p++; break;
+  default: break;
+  }
+  if (shift && (p[0] == 'i' || p[0] == 'I') && (p[1] == 'B' || p[1] == 'b')) p += 2;
+  else if (*p == 'B' || *p == 'b') p++;
+  if (*p != '\0') return *why = "unexpected characters after the size (units: K, M, G, T, P)", VMM_ERR_INVALID_ARGUMENT;
+  if (!shift && frac != 0) return *why = "a fraction of a byte", VMM_ERR_INVALID_ARGUMENT;
+  unsigned __int128 mult = (unsigned __int128)1 << shift;
+  unsigned __int128 total = whole * mult + frac * mult / frac_div;
+  if (total > SIZE_MAX) return *why = "size overflows 64 bits", VMM_ERR_INVALID_ARGUMENT;
+  *bytes = (size_t)total;
+  return VMM_OK;
+}
+
+vmm_status vmm_parse_size(const char *text, size_t *bytes) {
+  const char *why = NULL;
+  size_t v;
+  vmm_status s = parse_size(text, &v, &why);
+  if (s != VMM_OK) return usage("size", text, why);
+  *bytes = v;
+  return VMM_OK;
+}
+
+void vmm_config_init(vmm_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->device = 0;
+  cfg->reuse = VMM_REUSE_EXACT;
+  cfg->reuse_bound = 1.0;
+  cfg->stitch = 1;
+  cfg->reserve_bytes = (size_t)256 << 30;
+  cfg->retain = VMM_RETAIN_AUTO;
+  cfg->log_level = 1;
+}
+
+const char *vmm_reuse_policy_name(vmm_reuse_policy p) {
+  switch (p) {
+  case VMM_REUSE_EXACT: return "exact";
+  case VMM_REUSE_BOUNDED: return "bounded";
+  case VMM_REUSE_BEST_FIT: return "best-fit";
+  case VMM_REUSE_NONE: return "none";
+  }
+  return "unknown";
+}
+
+static vmm_status set_switch(const char *env, const char *value, int *out) {
+  if (!strcasecmp(value, "on") || !strcmp(value, "1") || !strcasecmp(value, "true")) return *out = 1, VMM_OK;
+  if (!strcasecmp(value, "off") || !strcmp(value, "0") || !strcasecmp(value, "false")) return *out = 0, VMM_OK;
+  return usage(env, value, "expected on or off");
+}
+
+static vmm_status set_size(const char *env, const char *value, size_t *out, int allow_zero) {
+  const char *why = NULL;
+  size_t v;
+  if (parse_size(value, &v, &why) != VMM_OK) return usage(env, value, why);
+  if (!allow_zero && v == 0) return usage(env, value, "must be greater than zero");
+  *out = v;
+  return VMM_OK;
+}
+
+static vmm_status set_reuse(const char *env, const char *value, vmm_config *cfg) {
+  if (!strcmp(value, "exact")) return cfg->reuse = VMM_REUSE_EXACT, cfg->reuse_bound = 1.0, VMM_OK;
+  if (!strcmp(value, "best-fit")) return cfg->reuse = VMM_REUSE_BEST_FIT, VMM_OK;
+  if (!strcmp(value, "none")) return cfg->reuse = VMM_REUSE_NONE, VMM_OK;
+  if (!strncmp(value, "bounded:", 8)) {
+    const char *f = value + 8;
+    char *end = NULL;
+    errno = 0;
+    double bound = strtod(f, &end);
+    if (*f == '\0' || *end != '\0' || errno || !(bound >= 1.0) || bound > 1e6 || !isdigit((unsigned char)*f))
+      return usage(env, value, "bounded:F needs a number F >= 1 (e.g. bounded:2)");
+    cfg->reuse = VMM_REUSE_BOUNDED;
+    cfg->reuse_bound = bound;
+    return VMM_OK;
+  }
+  return usage(env, value, "expected exact, bounded:F (F >= 1), best-fit or none");
+}
+
+static vmm_status set_retain(const char *env, const char *value, vmm_config *cfg) {
+  if (!strcasecmp(value, "on")) return cfg->retain = VMM_RETAIN_ON, VMM_OK;
+  if (!strcasecmp(value, "off")) return cfg->retain = VMM_RETAIN_OFF, VMM_OK;
+  if (!strcasecmp(value, "auto")) return cfg->retain = VMM_RETAIN_AUTO, VMM_OK;
+  return usage(env, value, "expected on, off or auto");
+}
+
+static vmm_status set_peers(const char *env, const char *value, vmm_config *cfg) {
+  if (!strcasecmp(value, "none")) return cfg->peer_access_mask = 0, VMM_OK;
+  if (!strcasecmp(value, "all")) return cfg->peer_access_mask = ~(uint64_t)0, VMM_OK;
+  uint64_t mask = 0;
+  const char *p = value;
+  if (*p == '\0') return usage(env, value, "empty; expected none, all or device ordinals such as 1,2");
+  while (*p) {
+    if (!isdigit((unsigned char)*p)) return usage(env, value, "expected none, all or device ordinals such as 1,2");
+    unsigned long d = 0;
+    while (isdigit((unsigned char)*p)) {
+      d = d * 10 + (unsigned long)(*p++ - '0');
+      if (d >= VMM_MAX_DEVICES) return usage(env, value, "device ordinal out of range (0..63)");
+    }
+    mask |= (uint64_t)1 << d;
+    if (*p == ',') {
+      p++;
+      if (*p == '\0') return usage(env, value, "trailing comma");
+    } else if (*p) {
+      return usage(env, value, "expected none, all or device ordinals such as 1,2");
+    }
+  }
+  cfg->peer_access_mask = mask;
+  return VMM_OK;
+}
+
+static vmm_status set_log(const char *env, const char *value, vmm_config *cfg) {
+  static const char *const levels[] = {"off", "error", "info", "debug"};
+  for (int i = 0; i < 4; i++)
+    if (!strcasecmp(value, levels[i]) || (value[0] == '0' + i && value[1] == '\0')) return cfg->log_level = i, VMM_OK;
+  return usage(env, value, "expected off, error, info or debug");
+}
+
+/* Setting name (upper case after VMMARENA_, or lower case short name) and its setter. */
+static const struct setting {
+  const char *env, *short_name;
+  int id;
+} settings[] = {
+    {"VMMARENA_REUSE", "reuse", 0},     {"VMMARENA_STITCH", "stitch", 1},
+    {"VMMARENA_RESERVE", "reserve", 2}, {"VMMARENA_HEADROOM", "headroom", 3},
+    {"VMMARENA_LIMIT", "limit", 4},     {"VMMARENA_RETAIN", "retain", 5},
+    {"VMMARENA_PEER_ACCESS", "peer_access", 6}, {"VMMARENA_TRACE", "trace", 7},
+    {"VMMARENA_LOG", "log", 8},
+};
+
+static vmm_status apply(const struct setting *s, const char *value, vmm_config *cfg) {
+  if (!value) return usage(s->env, value, "no value");
+  switch (s->id) {
+  case 0: return set_reuse(s->env, value, cfg);
+  case 1: return set_switch(s->env, value, &cfg->stitch);
+  case 2: return set_size(s->env, value, &cfg->reserve_bytes, 0);
+  case 3: return set_size(s->env, value, &cfg->headroom_bytes, 1);
+  case 4: return set_size(s->env, value, &cfg->limit_bytes, 1);
+  case 5: return set_retain(s->env, value, cfg);
+  case 6: return set_peers(s->env, value, cfg);
+  case 7:
+    if (*value == '\0') return usage(s->env, value, "empty path");
+    cfg->trace_path = value;
+    return VMM_OK;
+  case 8: return set_log(s->env, value, cfg);
+  }
+  return VMM_ERR_INVALID_ARGUMENT;
+}
+
+vmm_status vmm_config_set(vmm_config *cfg, const char *name, const char *value) {
+  if (!cfg || !name) return usage("setting", name, "NULL configuration or name");
+  for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++) {
+    if (strcmp(name, settings[i].env) && strcmp(name, settings[i].short_name)) continue;
+    vmm_config next = *cfg;
+    vmm_status s = apply(&settings[i], value, &next);
+    if (s == VMM_OK) *cfg = next;
+    return s;
+  }
+  return usage(name, value, "unknown setting");
+}
+
+vmm_status vmm_config_from_env(vmm_config *cfg) {
+  if (!cfg) return usage("configuration", NULL, "NULL configuration");
+  vmm_config next = *cfg;
+  for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++) {
+    const char *value = getenv(settings[i].env);
+    if (!value) continue;
+    vmm_status s = apply(&settings[i], value, &next);
+    if (s != VMM_OK) return s;
+  }
+  *cfg = next;
+  config_error[0] = '\0';
+  return VMM_OK;
+}

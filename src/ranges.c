@@ -1,0 +1,179 @@
+/* VA ranges: reservations from cuMemAddressReserve and a best-fit, coalescing free list.
+ * Free ranges are indexed by address (for coalescing) and by (size, address) (for best fit);
+ * a range never spans two reservations. Allocation cuts from the top of a free range so the
+ * range keeps its base and only its size key changes. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static vmm_free_range *by_addr(vmm_avl *n) { return n ? vmm_container_of(n, vmm_free_range, by_addr) : NULL; }
+static vmm_free_range *by_size(vmm_avl *n) { return n ? vmm_container_of(n, vmm_free_range, by_size) : NULL; }
+
+static void insert_range(vmm_ranges *r, vmm_free_range *f) {
+  f->by_addr.k1 = f->base;
+  f->by_addr.k2 = 0;
+  f->by_size.k1 = f->size;
+  f->by_size.k2 = f->base;
+  r->by_addr = vmm_avl_insert(r->by_addr, &f->by_addr);
+  r->by_size = vmm_avl_insert(r->by_size, &f->by_size);
+  r->free_bytes += f->size;
+  r->free_range_count++;
+}
+
+static void remove_range(vmm_ranges *r, vmm_free_range *f) {
+  r->by_addr = vmm_avl_remove(r->by_addr, f->base, 0);
+  r->by_size = vmm_avl_remove(r->by_size, f->size, f->base);
+  r->free_bytes -= f->size;
+  r->free_range_count--;
+}
+
+/* Adds a reservation of at least `size` bytes; its whole extent becomes one free range. */
+static vmm_status grow(vmm_arena *a, size_t size) {
+  vmm_ranges *r = &a->ranges;
+  size_t g = a->granularity;
+  size_t want = size > a->cfg.reserve_bytes ? size : a->cfg.reserve_bytes;
+  want = (want + g - 1) / g * g;
+  if (r->reservation_count == r->reservation_cap) {
+    uint32_t cap = r->reservation_cap ? r->reservation_cap * 2 : 8;
+    vmm_reservation *grown = realloc(r->reservations, cap * sizeof *grown);
+    if (!grown) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory growing the reservation list");
+    r->reservations = grown;
+    r->reservation_cap = cap;
+  }
+  vmm_free_range *f = malloc(sizeof *f);
+  if (!f) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for a free-range record");
+  CUdeviceptr base = 0;
+  CUresult res = VMM_DRV(a, mem_address_reserve, &base, want, g, 0, 0);
+  if (res != CUDA_SUCCESS && want > size) {
+    /* A smaller reservation that still fits the request. */
+    want = (size + g - 1) / g * g;
+    res = VMM_DRV(a, mem_address_reserve, &base, want, g, 0, 0);
+  }
+  if (res != CUDA_SUCCESS) {
+    free(f);
+    char b[32];
+    return vmm_fail_driver(a, res, VMM_DRV_mem_address_reserve, "reserving %s of virtual address space",
+                           vmm_fmt_bytes(want, b));
+  }
+  r->reservations[r->reservation_count] = (vmm_reservation){base, want};
+  f->base = base;
+  f->size = want;
+  f->reservation = r->reservation_count++;
+  r->reserved_bytes += want;
+  insert_range(r, f);
+  return VMM_OK;
+}
+
+vmm_status vmm_ranges_alloc(vmm_arena *a, size_t size, CUdeviceptr *base, uint32_t *reservation) {
+  vmm_ranges *r = &a->ranges;
+  vmm_free_range *f = by_size(vmm_avl_ceil(r->by_size, size, 0));
+  if (!f) {
+    vmm_status s = grow(a, size);
+    if (s != VMM_OK) return s;
+    f = by_size(vmm_avl_ceil(r->by_size, size, 0));
+    vmm_assert(f);
+  }
+  *reservation = f->reservation;
+  if (f->size == size) {
+    remove_range(r, f);
+    *base = f->base;
+    free(f);
+    return VMM_OK;
+  }
+  r->by_size = vmm_avl_remove(r->by_size, f->size, f->base);
+  f->size -= size;
+  f->by_size.k1 = f->size;
+  r->by_size = vmm_avl_insert(r->by_size, &f->by_size);
+  r->free_bytes -= size;
+  *base = f->base + f->size;
+  return VMM_OK;
+}
+
+void vmm_ranges_free(vmm_arena *a, CUdeviceptr base, size_t size, uint32_t reservation) {
+  vmm_ranges *r = &a->ranges;
+  vmm_free_range *prev = by_addr(vmm_avl_floor(r->by_addr, base, 0));
+  vmm_free_range *next = by_addr(vmm_avl_ceil(r->by_addr, base + size, 0));
+  int merge_prev = prev && prev->reservation == reservation && prev->base + prev->size == base;
+  int merge_next = next && next->reservation == reservation && next->base == base + size;
+  if (merge_prev) {
+    remove_range(r, prev);
+    prev->size += size;
+    if (merge_next) {
+      remove_range(r, next);
+      prev->size += next->size;
+      free(next);
+    }
+    insert_range(r, prev);
+    return;
+  }
+  if (merge_next) {
+    remove_range(r, next);
+    next->base = base;
+    next->size += size;
+    insert_range(r, next);
+    return;
+  }
+  vmm_free_range *f = malloc(sizeof *f);
+  if (!f) {
+    /* Host out of memory: the range stays out of the free list (VA only, never physical). */
+    vmm_log(1, a->cfg.log_level, "vmmarena: host out of memory; %zu bytes of VA not returned", size);
+    return;
+  }
+  f->base = base;
+  f->size = size;
+  f->reservation = reservation;
+  insert_range(r, f);
+}
+
+static void free_tree(vmm_avl *n) {
+  if (!n) return;
+  free_tree(n->left);
+  free_tree(n->right);
+  free(by_addr(n));
+}
+
+void vmm_ranges_fini(vmm_arena *a) {
+  vmm_ranges *r = &a->ranges;
+  free_tree(r->by_addr);
+  for (uint32_t i = 0; i < r->reservation_count; i++) {
+    CUresult res = VMM_DRV(a, mem_address_free, r->reservations[i].base, r->reservations[i].size);
+    if (res != CUDA_SUCCESS)
+      vmm_log(1, a->cfg.log_level, "vmmarena: cuMemAddressFree(0x%llx, %zu) failed: %s",
+              (unsigned long long)r->reservations[i].base, r->reservations[i].size, vmm_cu_error_name(a->drv, res));
+  }
+  free(r->reservations);
+  memset(r, 0, sizeof *r);
+}
+
+static long check_ranges(const vmm_ranges *r, const vmm_avl *n, const vmm_free_range **prev, char *why, size_t cap) {
+  if (!n) return 0;
+  long left = check_ranges(r, n->left, prev, why, cap);
+  if (left < 0) return -1;
+  const vmm_free_range *f = vmm_container_of(n, vmm_free_range, by_addr);
+  if (f->reservation >= r->reservation_count) return snprintf(why, cap, "free range with bad reservation"), -1;
+  const vmm_reservation *res = &r->reservations[f->reservation];
+  if (f->size == 0 || f->base < res->base || f->base + f->size > res->base + res->size)
+    return snprintf(why, cap, "free range 0x%llx+%zu outside its reservation", (unsigned long long)f->base, f->size), -1;
+  if (*prev && (*prev)->base + (*prev)->size > f->base)
+    return snprintf(why, cap, "free ranges overlap at 0x%llx", (unsigned long long)f->base), -1;
+  if (*prev && (*prev)->base + (*prev)->size == f->base && (*prev)->reservation == f->reservation)
+    return snprintf(why, cap, "free ranges not coalesced at 0x%llx", (unsigned long long)f->base), -1;
+  if (!vmm_avl_find(r->by_size, f->size, f->base))
+    return snprintf(why, cap, "free range 0x%llx missing from the size index", (unsigned long long)f->base), -1;
+  *prev = f;
+  long right = check_ranges(r, n->right, prev, why, cap);
+  if (right < 0) return -1;
+  return left + right + 1;
+}
+
+int vmm_ranges_check(const vmm_ranges *r, char *why, size_t cap) {
+  long na = vmm_avl_check(r->by_addr), ns = vmm_avl_check(r->by_size);
+  if (na < 0 || ns < 0 || na != ns || (size_t)na != r->free_range_count)
+    return snprintf(why, cap, "free-range trees broken (%ld by address, %ld by size, %zu counted)", na, ns,
+                    r->free_range_count),
+           -1;
+  const vmm_free_range *prev = NULL;
+  if (check_ranges(r, r->by_addr, &prev, why, cap) < 0) return -1;
+  return 0;
+}

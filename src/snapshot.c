@@ -1,0 +1,271 @@
+/* Snapshot: the C struct and the JSON document (schema in docs/snapshot.md). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static void fill(const vmm_arena *a, vmm_snapshot *s) {
+  memset(s, 0, sizeof *s);
+  s->device = a->cfg.device;
+  s->integrated = a->integrated;
+  s->retention_enabled = a->retention_enabled;
+  s->reuse = a->cfg.reuse;
+  s->reuse_bound = a->cfg.reuse_bound;
+  s->granularity = a->granularity;
+  s->headroom_bytes = a->cfg.headroom_bytes;
+  s->limit_bytes = a->cfg.limit_bytes;
+  memcpy(s->kind, a->kind, sizeof s->kind);
+  s->physical_bytes = a->physical_bytes;
+  s->physical_peak_bytes = a->physical_peak;
+  s->mapped_bytes = a->mapped_bytes;
+  s->mapped_peak_bytes = a->mapped_peak;
+  s->reserved_va_bytes = a->ranges.reserved_bytes;
+  s->reservations = a->ranges.reservation_count;
+  s->retained_reusable_handles = a->pool.count;
+  s->retained_reusable_bytes = a->pool.bytes;
+  s->pool_buckets = a->pool.buckets;
+  s->pool_hits = a->pool_hits;
+  s->pool_misses = a->pool_misses;
+  s->pool_fallbacks = a->pool_fallbacks;
+  s->stitches = a->stitches;
+  s->oom_refusals = a->oom_refusals;
+  s->limit_refusals = a->limit_refusals;
+  s->headroom_refusals = a->headroom_refusals;
+  s->allocs = a->allocs;
+  s->frees = a->frees;
+  s->deferred_frees = a->deferred_frees;
+  s->scope_state = a->scope;
+  s->scopes_begun = a->scopes_begun;
+  s->scopes_finished = a->scopes_finished;
+  s->scopes_aborted = a->scopes_aborted;
+  for (int e = 0; e < VMM_DRV_ENTRY_COUNT; e++) {
+    s->driver[e].calls = __atomic_load_n(&a->drv_stats[e].calls, __ATOMIC_RELAXED);
+    s->driver[e].failures = __atomic_load_n(&a->drv_stats[e].failures, __ATOMIC_RELAXED);
+    s->driver[e].ns = __atomic_load_n(&a->drv_stats[e].ns, __ATOMIC_RELAXED);
+  }
+  s->fatal_status = a->fatal_status;
+}
+
+vmm_status vmm_arena_snapshot(vmm_arena *a, vmm_snapshot *out) {
+  if (!a || !out) return VMM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&a->lock);
+  fill(a, out);
+  pthread_mutex_unlock(&a->lock);
+  return VMM_OK;
+}
+
+/* ---- JSON ---------------------------------------------------------------------------- */
+
+typedef struct jw {
+  char *buf;
+  size_t cap, len; /* len counts every byte the document needs, written or not */
+} jw;
+
+static void put(jw *w, const char *s, size_t n) {
+  if (w->len < w->cap) {
+    size_t room = w->cap - w->len;
+    memcpy(w->buf + w->len, s, n < room ? n : room);
+  }
+  w->len += n;
+}
+
+static void puts_(jw *w, const char *s) { put(w, s, strlen(s)); }
+
+static void printf_(jw *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void printf_(jw *w, const char *fmt, ...) {
+  char tmp[128];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+  va_end(ap);
+  if (n > 0) put(w, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+
+/* Writes s as a JSON string: quotes, backslashes and control bytes escaped; bytes that are
+ * not valid UTF-8 become U+FFFD so the document is always valid. */
+static void str(jw *w, const char *s) {
+  put(w, "\"", 1);
+  const unsigned char *p = (const unsigned char *)(s ? s : "");
+  while (*p) {
+    unsigned char c = *p;
+    if (c == '"' || c == '\\') {
+      char e[2] = {'\\', (char)c};
+      put(w, e, 2);
+      p++;
+    } else if (c < 0x20 || c == 0x7f) {
+      printf_(w, "\\u%04x", c);
+      p++;
+    } else if (c < 0x80) {
+      put(w, (const char *)p, 1);
+      p++;
+    } else {
+      int n = (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+      int ok = n > 0 && !(n == 2 && c < 0xc2) && !(n == 4 && c > 0xf4);
+      for (int i = 1; ok && i < n; i++) ok = (p[i] & 0xc0) == 0x80;
+      if (ok && n == 3) {
+        unsigned cp = (unsigned)(c & 0x0f) << 12 | (unsigned)(p[1] & 0x3f) << 6 | (p[2] & 0x3f);
+        ok = cp >= 0x800 && (cp < 0xd800 || cp > 0xdfff);
+      }
+      if (ok && n == 4) {
+        unsigned cp = (unsigned)(c & 0x07) << 18 | (unsigned)(p[1] & 0x3f) << 12 | (unsigned)(p[2] & 0x3f) << 6 |
+                      (p[3] & 0x3f);
+        ok = cp >= 0x10000 && cp <= 0x10ffff;
+      }
+      if (ok) {
+        put(w, (const char *)p, (size_t)n);
+        p += n;
+      } else {
+        puts_(w, "\\ufffd");
+        p++;
+      }
+    }
+  }
+  put(w, "\"", 1);
+}
+
+static void kv_u64(jw *w, const char *key, uint64_t v, int comma) {
+  printf_(w, "%s\"%s\":%llu", comma ? "," : "", key, (unsigned long long)v);
+}
+
+static void kind_json(jw *w, const vmm_kind_stats *k) {
+  puts_(w, "{");
+  kv_u64(w, "live_count", k->live_count, 0);
+  kv_u64(w, "live_bytes", k->live_bytes, 1);
+  kv_u64(w, "pooled_count", k->pooled_count, 1);
+  kv_u64(w, "pooled_bytes", k->pooled_bytes, 1);
+  kv_u64(w, "retained_count", k->retained_count, 1);
+  kv_u64(w, "retained_bytes", k->retained_bytes, 1);
+  kv_u64(w, "abandoned_count", k->abandoned_count, 1);
+  kv_u64(w, "abandoned_bytes", k->abandoned_bytes, 1);
+  puts_(w, "}");
+}
+
+static void buckets_json(jw *w, const vmm_avl *n, int *first) {
+  if (!n) return;
+  buckets_json(w, n->left, first);
+  const vmm_bucket *b = vmm_container_of(n, vmm_bucket, node);
+  printf_(w, "%s{\"size\":%zu,\"count\":%zu}", *first ? "" : ",", b->size, b->count);
+  *first = 0;
+  buckets_json(w, n->right, first);
+}
+
+static int by_base(const void *x, const void *y) {
+  CUdeviceptr a = (*(vmm_mapping *const *)x)->base, b = (*(vmm_mapping *const *)y)->base;
+  return a < b ? -1 : a > b;
+}
+
+static const char *state_json(vmm_mapping_state s) {
+  static const char *const names[] = {"live", "pooled", "freeing", "deferred", "abandoned"};
+  return names[s];
+}
+
+vmm_status vmm_arena_snapshot_json(vmm_arena *a, char *buf, size_t cap, size_t *needed) {
+  if (!a || (!buf && cap)) return VMM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&a->lock);
+  vmm_snapshot s;
+  fill(a, &s);
+  jw w = {buf, cap, 0};
+  static const char *const retain_modes[] = {"auto", "on", "off"};
+  printf_(&w, "{\"schema\":\"vmmarena.snapshot\",\"version\":1,\"device\":%d,\"integrated\":%s,", s.device,
+          s.integrated ? "true" : "false");
+  printf_(&w, "\"retention\":{\"mode\":\"%s\",\"enabled\":%s},", retain_modes[a->cfg.retain],
+          s.retention_enabled ? "true" : "false");
+  printf_(&w, "\"reuse\":{\"policy\":\"%s\",\"bound\":%g,\"stitch\":%s},", vmm_reuse_policy_name(s.reuse), s.reuse_bound,
+          a->cfg.stitch ? "true" : "false");
+  kv_u64(&w, "granularity", s.granularity, 0);
+  kv_u64(&w, "headroom_bytes", s.headroom_bytes, 1);
+  kv_u64(&w, "limit_bytes", s.limit_bytes, 1);
+  puts_(&w, ",\"totals\":{");
+  kv_u64(&w, "physical_bytes", s.physical_bytes, 0);
+  kv_u64(&w, "physical_peak_bytes", s.physical_peak_bytes, 1);
+  kv_u64(&w, "mapped_bytes", s.mapped_bytes, 1);
+  kv_u64(&w, "mapped_peak_bytes", s.mapped_peak_bytes, 1);
+  kv_u64(&w, "reserved_va_bytes", s.reserved_va_bytes, 1);
+  kv_u64(&w, "reservations", s.reservations, 1);
+  kv_u64(&w, "allocs", s.allocs, 1);
+  kv_u64(&w, "frees", s.frees, 1);
+  kv_u64(&w, "deferred_frees", s.deferred_frees, 1);
+  puts_(&w, "},\"kinds\":{\"package\":");
+  kind_json(&w, &s.kind[VMM_KIND_PACKAGE]);
+  puts_(&w, ",\"transient\":");
+  kind_json(&w, &s.kind[VMM_KIND_TRANSIENT]);
+  puts_(&w, "},\"pool\":{");
+  kv_u64(&w, "retained_reusable_handles", s.retained_reusable_handles, 0);
+  kv_u64(&w, "retained_reusable_bytes", s.retained_reusable_bytes, 1);
+  kv_u64(&w, "hits", s.pool_hits, 1);
+  kv_u64(&w, "misses", s.pool_misses, 1);
+  kv_u64(&w, "fallbacks", s.pool_fallbacks, 1);
+  kv_u64(&w, "stitches", s.stitches, 1);
+  puts_(&w, ",\"buckets\":[");
+  int first = 1;
+  buckets_json(&w, a->pool.root, &first);
+  puts_(&w, "]},\"refusals\":{");
+  kv_u64(&w, "out_of_memory", s.oom_refusals, 0);
+  kv_u64(&w, "limit", s.limit_refusals, 1);
+  kv_u64(&w, "headroom", s.headroom_refusals, 1);
+  printf_(&w, "},\"scope\":{\"state\":\"%s\",\"id\":%llu", s.scope_state == VMM_SCOPE_ACTIVE ? "active" : "none",
+          (unsigned long long)(s.scope_state == VMM_SCOPE_ACTIVE ? a->scope_id : 0));
+  kv_u64(&w, "begun", s.scopes_begun, 1);
+  kv_u64(&w, "finished", s.scopes_finished, 1);
+  kv_u64(&w, "aborted", s.scopes_aborted, 1);
+  puts_(&w, "},\"tags\":[");
+  first = 1;
+  for (size_t t = 0; t < a->tag_cap; t++) {
+    if (!a->tag_count[t] && !a->tag_bytes[t]) continue;
+    puts_(&w, first ? "{\"tag\":" : ",{\"tag\":");
+    if (t == 0) puts_(&w, "null");
+    else str(&w, vmm_tag_name((uint32_t)t));
+    kv_u64(&w, "count", a->tag_count[t], 1);
+    kv_u64(&w, "bytes", a->tag_bytes[t], 1);
+    puts_(&w, "}");
+    first = 0;
+  }
+  puts_(&w, "],\"driver\":{");
+  first = 1;
+  for (int e = 0; e < VMM_DRV_ENTRY_COUNT; e++) {
+    if (!s.driver[e].calls) continue;
+    printf_(&w, "%s\"%s\":{\"calls\":%llu,\"failures\":%llu,\"ns\":%llu}", first ? "" : ",",
+            vmm_driver_entry_name((vmm_driver_entry)e), (unsigned long long)s.driver[e].calls,
+            (unsigned long long)s.driver[e].failures, (unsigned long long)s.driver[e].ns);
+    first = 0;
+  }
+  puts_(&w, "},\"fatal_error\":");
+  if (s.fatal_status == VMM_OK) {
+    puts_(&w, "null");
+  } else {
+    printf_(&w, "{\"status\":\"%s\",\"message\":", vmm_status_name(s.fatal_status));
+    str(&w, a->fatal_message);
+    puts_(&w, "}");
+  }
+  puts_(&w, ",\"last_error\":");
+  str(&w, a->last_error);
+  puts_(&w, ",\"mappings\":[");
+  vmm_mapping **list = a->table.count ? malloc(a->table.count * sizeof *list) : NULL;
+  size_t n = 0;
+  vmm_mapping *m;
+  if (list) {
+    vmm_table_foreach(&a->table, i, m) list[n++] = m;
+    qsort(list, n, sizeof *list, by_base);
+  }
+  for (size_t i = 0; i < n; i++) {
+    m = list[i];
+    printf_(&w, "%s{\"base\":\"0x%llx\",\"extent\":%zu,\"requested\":%zu,\"kind\":\"%s\",\"state\":\"%s\",\"handles\":%u,\"tag\":",
+            i ? "," : "", (unsigned long long)m->base, m->extent, m->requested,
+            m->kind == VMM_KIND_PACKAGE ? "package" : "transient", state_json(m->state), m->piece_count);
+    if (m->tag) str(&w, vmm_tag_name(m->tag));
+    else puts_(&w, "null");
+    printf_(&w, ",\"scope\":%llu}", (unsigned long long)m->scope_id);
+  }
+  free(list);
+  vmm_status st = VMM_OK;
+  if (a->table.count && !list) st = VMM_ERR_OUT_OF_MEMORY;
+  puts_(&w, "]}");
+  put(&w, "", 1); /* the NUL */
+  pthread_mutex_unlock(&a->lock);
+  if (needed) *needed = w.len;
+  if (w.len > cap) {
+    if (cap) buf[cap - 1] = '\0';
+    return VMM_ERR_INVALID_ARGUMENT;
+  }
+  return st;
+}

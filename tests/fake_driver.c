@@ -1,0 +1,1054 @@
+/* A fake CUDA driver for tests; see fake_driver.h.
+ *
+ * One global state guarded by one mutex. Every entry point locks it, counts the call,
+ * consults the fault rules, does its work unless a fault fired, and logs
+ * (entry, result, a0, a1), where a0 and a1 are the first two input arguments (a property
+ * struct is logged as its device id).
+ *
+ * Options: a zero field means its default. peer_access and record_calls default to on, so
+ * a negative value turns them off.
+ *
+ * Misuse: calls that a correct library never makes (double release, unmap of unmapped
+ * memory, an overlapping map, sizes that are not granularity multiples, touching a
+ * capturing stream, ...) fail as the real driver would and count in ledger.errors.
+ * Failures a correct library can meet are not misuse: out of memory, the NOT_SUPPORTED
+ * the real driver gives for mapping part of a handle, cuDeviceGet of an unknown ordinal.
+ *
+ * Structures: handles, events and capturing streams live in open-addressing hash maps;
+ * reservations and mappings in AVL trees keyed by base address, so finding the one that
+ * contains an address (and so the overlap check of cuMemMap) is O(log n). */
+#include "fake_driver.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MIB ((size_t)1 << 20)
+#define GIB ((size_t)1 << 30)
+#define FAKE_VA_BASE 0x7f0000000000ull
+#define FAKE_CTX_BASE 0x1000u
+#define FAKE_CUDA_VERSION 13000
+#define CTX_STACK_MAX 64
+
+static const char *const entry_names[VMM_DRV_ENTRY_COUNT] = {
+#define FAKE_ENTRY_NAME(field, symbol) symbol,
+    VMM_DRIVER_ENTRY_POINTS(FAKE_ENTRY_NAME)
+#undef FAKE_ENTRY_NAME
+};
+
+static void *xcalloc(size_t count, size_t size) {
+  void *p = calloc(count, size);
+  if (!p) {
+    fputs("fake_driver: out of host memory\n", stderr);
+    abort();
+  }
+  return p;
+}
+
+/* ---- Hash map: nonzero 64-bit keys to non-NULL values ---------------------------------
+ * Linear probing, at most half full, deletion by backward shift (no tombstones). */
+typedef struct hmap {
+  uint64_t *keys; /* 0 = empty slot */
+  void **vals;
+  size_t cap, count; /* cap is 0 or a power of two */
+} hmap;
+
+static size_t hmap_slot(const hmap *m, uint64_t key) {
+  key ^= key >> 33;
+  key *= 0xff51afd7ed558ccdull;
+  key ^= key >> 33;
+  return (size_t)key & (m->cap - 1);
+}
+
+static void *hmap_get(const hmap *m, uint64_t key) {
+  if (m->count == 0 || key == 0) return NULL;
+  for (size_t i = hmap_slot(m, key);; i = (i + 1) & (m->cap - 1)) {
+    if (m->keys[i] == key) return m->vals[i];
+    if (m->keys[i] == 0) return NULL;
+  }
+}
+
+static void hmap_put(hmap *m, uint64_t key, void *val);
+
+static void hmap_grow(hmap *m) {
+  hmap old = *m;
+  m->cap = old.cap ? 2 * old.cap : 64;
+  m->keys = xcalloc(m->cap, sizeof *m->keys);
+  m->vals = xcalloc(m->cap, sizeof *m->vals);
+  m->count = 0;
+  for (size_t i = 0; i < old.cap; i++)
+    if (old.keys[i]) hmap_put(m, old.keys[i], old.vals[i]);
+  free(old.keys);
+  free(old.vals);
+}
+
+/* `key` must be absent. */
+static void hmap_put(hmap *m, uint64_t key, void *val) {
+  if (2 * (m->count + 1) > m->cap) hmap_grow(m);
+  size_t i = hmap_slot(m, key);
+  while (m->keys[i] != 0) i = (i + 1) & (m->cap - 1);
+  m->keys[i] = key;
+  m->vals[i] = val;
+  m->count++;
+}
+
+/* Removes `key`; returns its value, or NULL if it was absent. */
+static void *hmap_del(hmap *m, uint64_t key) {
+  if (m->count == 0 || key == 0) return NULL;
+  size_t mask = m->cap - 1, i = hmap_slot(m, key);
+  while (m->keys[i] != key) {
+    if (m->keys[i] == 0) return NULL;
+    i = (i + 1) & mask;
+  }
+  void *val = m->vals[i];
+  /* Pull later entries of the probe run into the hole when the hole is not before their
+   * home slot, so that every entry stays reachable from its home. */
+  for (size_t j = (i + 1) & mask; m->keys[j] != 0; j = (j + 1) & mask) {
+    size_t home = hmap_slot(m, m->keys[j]);
+    if (((j - home) & mask) >= ((j - i) & mask)) {
+      m->keys[i] = m->keys[j];
+      m->vals[i] = m->vals[j];
+      i = j;
+    }
+  }
+  m->keys[i] = 0;
+  m->vals[i] = NULL;
+  m->count--;
+  return val;
+}
+
+static void hmap_free(hmap *m, int free_values) {
+  if (free_values)
+    for (size_t i = 0; i < m->cap; i++) free(m->vals[i]);
+  free(m->keys);
+  free(m->vals);
+  memset(m, 0, sizeof *m);
+}
+
+/* ---- AVL tree keyed by base address, embedded first in reservations and mappings ----- */
+typedef struct avl {
+  uint64_t key;
+  struct avl *left, *right;
+  int height;
+} avl;
+
+static int avl_height(const avl *n) { return n ? n->height : 0; }
+
+static void avl_fix_height(avl *n) {
+  int l = avl_height(n->left), r = avl_height(n->right);
+  n->height = 1 + (l > r ? l : r);
+}
+
+static avl *avl_rotate_right(avl *n) {
+  avl *l = n->left;
+  n->left = l->right;
+  l->right = n;
+  avl_fix_height(n);
+  avl_fix_height(l);
+  return l;
+}
+
+static avl *avl_rotate_left(avl *n) {
+  avl *r = n->right;
+  n->right = r->left;
+  r->left = n;
+  avl_fix_height(n);
+  avl_fix_height(r);
+  return r;
+}
+
+static avl *avl_balance(avl *n) {
+  avl_fix_height(n);
+  int tilt = avl_height(n->left) - avl_height(n->right);
+  if (tilt > 1) {
+    if (avl_height(n->left->left) < avl_height(n->left->right)) n->left = avl_rotate_left(n->left);
+    return avl_rotate_right(n);
+  }
+  if (tilt < -1) {
+    if (avl_height(n->right->right) < avl_height(n->right->left)) n->right = avl_rotate_right(n->right);
+    return avl_rotate_left(n);
+  }
+  return n;
+}
+
+/* `node->key` must be absent. Returns the new root. */
+static avl *avl_insert(avl *root, avl *node) {
+  if (!root) {
+    node->left = node->right = NULL;
+    node->height = 1;
+    return node;
+  }
+  if (node->key < root->key)
+    root->left = avl_insert(root->left, node);
+  else
+    root->right = avl_insert(root->right, node);
+  return avl_balance(root);
+}
+
+static avl *avl_remove_min(avl *n, avl **min) {
+  if (!n->left) {
+    *min = n;
+    return n->right;
+  }
+  n->left = avl_remove_min(n->left, min);
+  return avl_balance(n);
+}
+
+/* `key` must be present. Returns the new root. */
+static avl *avl_remove(avl *root, uint64_t key) {
+  if (key < root->key) {
+    root->left = avl_remove(root->left, key);
+  } else if (key > root->key) {
+    root->right = avl_remove(root->right, key);
+  } else {
+    avl *left = root->left, *right = root->right, *successor;
+    if (!right) return left;
+    right = avl_remove_min(right, &successor);
+    successor->left = left;
+    successor->right = right;
+    return avl_balance(successor);
+  }
+  return avl_balance(root);
+}
+
+/* The node with the greatest key <= `key`, or NULL. */
+static avl *avl_floor(avl *n, uint64_t key) {
+  avl *best = NULL;
+  while (n) {
+    if (n->key <= key) {
+      best = n;
+      n = n->right;
+    } else {
+      n = n->left;
+    }
+  }
+  return best;
+}
+
+/* The node with the smallest key > `key`, or NULL. */
+static avl *avl_after(avl *n, uint64_t key) {
+  avl *best = NULL;
+  while (n) {
+    if (n->key > key) {
+      best = n;
+      n = n->left;
+    } else {
+      n = n->right;
+    }
+  }
+  return best;
+}
+
+static avl *avl_find(avl *root, uint64_t key) {
+  avl *n = avl_floor(root, key);
+  return n && n->key == key ? n : NULL;
+}
+
+static void avl_free(avl *n, void (*free_node)(avl *)) {
+  if (!n) return;
+  avl_free(n->left, free_node);
+  avl_free(n->right, free_node);
+  free_node(n);
+}
+
+/* ---- Simulated objects ---------------------------------------------------------------- */
+typedef struct reservation {
+  avl node; /* key = base */
+  size_t size;
+  size_t mappings; /* live mappings inside */
+} reservation;
+
+/* A handle leaves the handle map when released but lives on while mapped: its physical
+ * memory is freed with its last mapping, as in CUDA. */
+typedef struct handle {
+  size_t size;
+  int device;
+  int released;
+  size_t mappings;
+} handle;
+
+typedef struct mapping {
+  avl node; /* key = base */
+  size_t size;
+  handle *handle;
+  reservation *reservation;
+  unsigned access; /* bit d: device d may read and write */
+} mapping;
+
+typedef struct fault_rule {
+  unsigned nth; /* 0 = no rule */
+  unsigned long long seen;
+  CUresult result;
+  int persistent;
+} fault_rule;
+
+static pthread_mutex_t fk_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static struct {
+  fake_options opts; /* defaults resolved; peer_access, record_calls and integrated are 0 or 1 */
+  size_t capacity[FAKE_MAX_DEVICES];
+  size_t physical_used[FAKE_MAX_DEVICES];
+  size_t retained[FAKE_MAX_DEVICES];
+  avl *reservations, *mappings;
+  hmap handles, events, capturing; /* capturing: streams set capturing */
+  CUdeviceptr next_va;
+  fault_rule rules[VMM_DRV_ENTRY_COUNT], any_rule;
+  unsigned faults_fired;
+  fake_ledger ledger;
+  vmm_driver_entry entry; /* entry point running, for misuse messages */
+  char first_error[256];
+  fake_call *log;
+  size_t log_len, log_cap;
+  unsigned generation; /* raised by every reset: thread context stacks older than it are empty */
+} fk;
+
+/* Never reset, so that an id from an earlier test is never valid again. */
+static uint64_t next_id = 1;
+
+static _Thread_local struct {
+  unsigned generation;
+  int depth;
+  CUcontext stack[CTX_STACK_MAX];
+} tls_ctx;
+
+/* Records a misuse (the first one's text is kept) and returns `code`. */
+static CUresult misuse(CUresult code, const char *fmt, ...) {
+  if (fk.ledger.errors++ == 0) {
+    int n = snprintf(fk.first_error, sizeof fk.first_error, "%s: ", entry_names[fk.entry]);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(fk.first_error + n, sizeof fk.first_error - (size_t)n, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+static int rule_fires(fault_rule *rule) {
+  if (!rule->nth) return 0;
+  rule->seen++;
+  return rule->seen == rule->nth || (rule->persistent && rule->seen > rule->nth);
+}
+
+/* Counts the call; 1 (with the result in *result) if a fault rule fails it. */
+static int fault_fires(vmm_driver_entry entry, CUresult *result) {
+  fk.entry = entry;
+  fk.ledger.calls++;
+  fk.ledger.calls_by_entry[entry]++;
+  int entry_fires = rule_fires(&fk.rules[entry]);
+  int any_fires = rule_fires(&fk.any_rule);
+  if (!entry_fires && !any_fires) return 0;
+  fk.faults_fired++;
+  *result = entry_fires ? fk.rules[entry].result : fk.any_rule.result;
+  return 1;
+}
+
+static void log_call(vmm_driver_entry entry, CUresult result, uintptr_t a0, uintptr_t a1) {
+  if (!fk.opts.record_calls) return;
+  if (fk.log_len == fk.log_cap) {
+    size_t cap = fk.log_cap ? 2 * fk.log_cap : 1024;
+    fake_call *log = realloc(fk.log, cap * sizeof *log);
+    if (!log) {
+      fputs("fake_driver: out of host memory\n", stderr);
+      abort();
+    }
+    fk.log = log;
+    fk.log_cap = cap;
+  }
+  fk.log[fk.log_len++] = (fake_call){entry, result, a0, a1};
+}
+
+/* Body of every entry point: lock, count, fail if a fault fires or else run `body`, log. */
+#define FAKE_CALL(field, a0, a1, body)                               \
+  do {                                                               \
+    pthread_mutex_lock(&fk_lock);                                    \
+    CUresult result_;                                                \
+    if (!fault_fires(VMM_DRV_##field, &result_)) result_ = (body);   \
+    log_call(VMM_DRV_##field, result_, (uintptr_t)(a0), (uintptr_t)(a1)); \
+    pthread_mutex_unlock(&fk_lock);                                  \
+    return result_;                                                  \
+  } while (0)
+
+/* ---- Helpers of the entry points (called with the lock held) -------------------------- */
+static int valid_device(int device) { return device >= 0 && device < fk.opts.device_count; }
+
+static int context_device(CUcontext ctx) {
+  uintptr_t v = (uintptr_t)ctx;
+  return v >= FAKE_CTX_BASE && v < FAKE_CTX_BASE + (uintptr_t)fk.opts.device_count ? (int)(v - FAKE_CTX_BASE) : -1;
+}
+
+static void tls_ctx_sync(void) {
+  if (tls_ctx.generation != fk.generation) {
+    tls_ctx.generation = fk.generation;
+    tls_ctx.depth = 0;
+  }
+}
+
+/* Device of the calling thread's current context; device 0 if none. */
+static int current_device(void) {
+  tls_ctx_sync();
+  return tls_ctx.depth ? context_device(tls_ctx.stack[tls_ctx.depth - 1]) : 0;
+}
+
+static size_t free_physical(int device) {
+  size_t cap = fk.capacity[device], used = fk.physical_used[device];
+  return cap > used ? cap - used : 0;
+}
+
+static int granule_multiple(size_t size) { return size != 0 && size % fk.opts.granularity == 0; }
+
+static CUresult check_prop(const CUmemAllocationProp *prop) {
+  if (!prop) return misuse(CUDA_ERROR_INVALID_VALUE, "prop is NULL");
+  if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
+    return misuse(CUDA_ERROR_INVALID_VALUE, "prop->type %d is not PINNED", (int)prop->type);
+  if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    return misuse(CUDA_ERROR_INVALID_VALUE, "prop->location.type %d is not DEVICE", (int)prop->location.type);
+  if (!valid_device(prop->location.id))
+    return misuse(CUDA_ERROR_INVALID_DEVICE, "prop->location.id %d is not a device", prop->location.id);
+  return CUDA_SUCCESS;
+}
+
+static uintptr_t prop_device(const CUmemAllocationProp *prop) { return prop ? (uintptr_t)prop->location.id : 0; }
+
+static void free_handle(handle *h) {
+  fk.physical_used[h->device] -= h->size;
+  free(h);
+}
+
+static mapping *find_mapping(CUdeviceptr base) { return (mapping *)avl_find(fk.mappings, base); }
+
+static mapping *mapping_containing(CUdeviceptr ptr) {
+  mapping *m = (mapping *)avl_floor(fk.mappings, ptr);
+  return m && ptr - m->node.key < m->size ? m : NULL;
+}
+
+/* The mapping that starts where `m` ends, or NULL. */
+static mapping *next_mapping(const mapping *m) { return find_mapping(m->node.key + m->size); }
+
+/* Checks that [ptr, ptr+size) is exactly a run of back-to-back mappings of one reservation;
+ * on success *first is the first of them. */
+static CUresult check_mapped_run(CUdeviceptr ptr, size_t size, mapping **first) {
+  unsigned long long p = ptr;
+  if (size == 0 || size > UINT64_MAX - ptr) return misuse(CUDA_ERROR_INVALID_VALUE, "bad range 0x%llx+%zu", p, size);
+  mapping *m = find_mapping(ptr);
+  if (!m) return misuse(CUDA_ERROR_INVALID_VALUE, "0x%llx is not the start of a mapping", p);
+  CUdeviceptr end = ptr + size;
+  for (mapping *run = m;;) {
+    CUdeviceptr run_end = run->node.key + run->size;
+    if (run_end == end) break;
+    if (run_end > end)
+      return misuse(CUDA_ERROR_INVALID_VALUE, "0x%llx+%zu ends inside a mapping", p, size);
+    mapping *next = next_mapping(run);
+    if (!next || next->reservation != m->reservation)
+      return misuse(CUDA_ERROR_INVALID_VALUE, "0x%llx+%zu is not all mapped: gap at 0x%llx", p, size,
+                    (unsigned long long)run_end);
+    run = next;
+  }
+  *first = m;
+  return CUDA_SUCCESS;
+}
+
+static void remove_mapping(mapping *m) {
+  fk.mappings = avl_remove(fk.mappings, m->node.key);
+  m->reservation->mappings--;
+  handle *h = m->handle;
+  if (--h->mappings == 0 && h->released) free_handle(h);
+  fk.ledger.live_mappings--;
+  fk.ledger.mapped_bytes -= m->size;
+  free(m);
+}
+
+static int is_legacy_stream(CUstream stream) { return stream == NULL || stream == CU_STREAM_LEGACY; }
+
+static int is_capturing(CUstream stream) { return hmap_get(&fk.capturing, (uintptr_t)stream) != NULL; }
+
+/* Work on `stream` is misuse while it captures, and on the legacy stream while any
+ * stream captures (it would synchronize with the capture). */
+static CUresult check_stream_usable(CUstream stream) {
+  if (is_capturing(stream))
+    return misuse(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "stream %p is capturing", (void *)stream);
+  if (is_legacy_stream(stream) && fk.capturing.count)
+    return misuse(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "legacy stream used while a stream is capturing");
+  return CUDA_SUCCESS;
+}
+
+static CUresult check_event(CUevent event) {
+  if (!hmap_get(&fk.events, (uintptr_t)event))
+    return misuse(CUDA_ERROR_INVALID_HANDLE, "unknown event %p", (void *)event);
+  return CUDA_SUCCESS;
+}
+
+/* ---- Entry points: do_* run with the lock held, drv_* are the table's functions ------- */
+static CUresult do_init(unsigned flags) {
+  return flags ? misuse(CUDA_ERROR_INVALID_VALUE, "flags %u are not 0", flags) : CUDA_SUCCESS;
+}
+
+static CUresult do_driver_get_version(int *version) {
+  *version = FAKE_CUDA_VERSION;
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_get_error_name(CUresult error, const char **name) {
+#define FAKE_ERROR_NAME(code) {code, #code}
+  static const struct {
+    CUresult code;
+    const char *name;
+  } names[] = {
+      FAKE_ERROR_NAME(CUDA_SUCCESS),
+      FAKE_ERROR_NAME(CUDA_ERROR_INVALID_VALUE),
+      FAKE_ERROR_NAME(CUDA_ERROR_OUT_OF_MEMORY),
+      FAKE_ERROR_NAME(CUDA_ERROR_NOT_INITIALIZED),
+      FAKE_ERROR_NAME(CUDA_ERROR_DEINITIALIZED),
+      FAKE_ERROR_NAME(CUDA_ERROR_NO_DEVICE),
+      FAKE_ERROR_NAME(CUDA_ERROR_INVALID_DEVICE),
+      FAKE_ERROR_NAME(CUDA_ERROR_INVALID_CONTEXT),
+      FAKE_ERROR_NAME(CUDA_ERROR_INVALID_HANDLE),
+      FAKE_ERROR_NAME(CUDA_ERROR_NOT_READY),
+      FAKE_ERROR_NAME(CUDA_ERROR_ILLEGAL_ADDRESS),
+      FAKE_ERROR_NAME(CUDA_ERROR_LAUNCH_FAILED),
+      FAKE_ERROR_NAME(CUDA_ERROR_NOT_PERMITTED),
+      FAKE_ERROR_NAME(CUDA_ERROR_NOT_SUPPORTED),
+      FAKE_ERROR_NAME(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),
+      FAKE_ERROR_NAME(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
+      FAKE_ERROR_NAME(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT),
+      FAKE_ERROR_NAME(CUDA_ERROR_UNKNOWN),
+  };
+#undef FAKE_ERROR_NAME
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    if (names[i].code == error) {
+      *name = names[i].name;
+      return CUDA_SUCCESS;
+    }
+  }
+  *name = NULL;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult do_device_get_count(int *count) {
+  *count = fk.opts.device_count;
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_device_get(CUdevice *device, int ordinal) {
+  if (!valid_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_device_get_attribute(int *value, CUdevice_attribute attribute, CUdevice device) {
+  if (!valid_device(device)) return misuse(CUDA_ERROR_INVALID_DEVICE, "unknown device %d", device);
+  switch (attribute) {
+    case CU_DEVICE_ATTRIBUTE_INTEGRATED: *value = fk.opts.integrated; break;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *value = 1; break;
+    default: *value = 0; break;
+  }
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_device_can_access_peer(int *can_access, CUdevice device, CUdevice peer) {
+  if (!valid_device(device) || !valid_device(peer))
+    return misuse(CUDA_ERROR_INVALID_DEVICE, "unknown device %d or %d", device, peer);
+  *can_access = device != peer && fk.opts.peer_access;
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_primary_ctx_retain(CUcontext *ctx, CUdevice device) {
+  if (!valid_device(device)) return misuse(CUDA_ERROR_INVALID_DEVICE, "unknown device %d", device);
+  fk.retained[device]++;
+  fk.ledger.primary_retained++;
+  *ctx = (CUcontext)(uintptr_t)(FAKE_CTX_BASE + (unsigned)device);
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_primary_ctx_release(CUdevice device) {
+  if (!valid_device(device)) return misuse(CUDA_ERROR_INVALID_DEVICE, "unknown device %d", device);
+  if (fk.retained[device] == 0)
+    return misuse(CUDA_ERROR_INVALID_CONTEXT, "device %d released more often than retained", device);
+  fk.retained[device]--;
+  fk.ledger.primary_retained--;
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_ctx_push_current(CUcontext ctx) {
+  int device = context_device(ctx);
+  if (device < 0) return misuse(CUDA_ERROR_INVALID_CONTEXT, "%p is not a primary context", (void *)ctx);
+  if (fk.retained[device] == 0)
+    return misuse(CUDA_ERROR_INVALID_CONTEXT, "primary context of device %d is not retained", device);
+  tls_ctx_sync();
+  if (tls_ctx.depth == CTX_STACK_MAX)
+    return misuse(CUDA_ERROR_INVALID_CONTEXT, "context stack deeper than %d: pushes without pops?", CTX_STACK_MAX);
+  tls_ctx.stack[tls_ctx.depth++] = ctx;
+  fk.ledger.ctx_pushed++;
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_ctx_pop_current(CUcontext *popped) {
+  tls_ctx_sync();
+  if (tls_ctx.depth == 0) return misuse(CUDA_ERROR_INVALID_CONTEXT, "context stack of this thread is empty");
+  CUcontext ctx = tls_ctx.stack[--tls_ctx.depth];
+  if (popped) *popped = ctx;
+  fk.ledger.ctx_pushed--;
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_ctx_synchronize(void) {
+  if (fk.capturing.count) return misuse(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "a stream is capturing");
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_mem_get_info(size_t *free_bytes, size_t *total_bytes) {
+  int device = current_device();
+  *free_bytes = free_physical(device);
+  *total_bytes = fk.capacity[device];
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_mem_get_allocation_granularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                                  CUmemAllocationGranularity_flags option) {
+  CUresult r = check_prop(prop);
+  if (r != CUDA_SUCCESS) return r;
+  if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+    return misuse(CUDA_ERROR_INVALID_VALUE, "unknown option %d", (int)option);
+  *granularity = fk.opts.granularity;
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_mem_address_reserve(CUdeviceptr *ptr, size_t size, size_t alignment, unsigned long long flags) {
+  if (flags) return misuse(CUDA_ERROR_INVALID_VALUE, "flags %llu are not 0", flags);
+  if (!granule_multiple(size)) return misuse(CUDA_ERROR_INVALID_VALUE, "size %zu is not a granularity multiple", size);
+  if (alignment & (alignment - 1))
+    return misuse(CUDA_ERROR_INVALID_VALUE, "alignment %zu is not a power of two", alignment);
+  if (size > fk.opts.va_space - fk.ledger.reserved_bytes) return CUDA_ERROR_OUT_OF_MEMORY;
+  uint64_t step = alignment > fk.opts.granularity ? alignment : fk.opts.granularity;
+  uint64_t base = (fk.next_va + step - 1) / step * step;
+  if (base < fk.next_va || size > UINT64_MAX - base) return CUDA_ERROR_OUT_OF_MEMORY;
+  reservation *res = xcalloc(1, sizeof *res);
+  res->node.key = base;
+  res->size = size;
+  fk.reservations = avl_insert(fk.reservations, &res->node);
+  fk.next_va = base + size;
+  fk.ledger.reservations++;
+  fk.ledger.reserved_bytes += size;
+  *ptr = base;
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_mem_address_free(CUdeviceptr ptr, size_t size) {
+  unsigned long long p = ptr;
+  reservation *res = (reservation *)avl_find(fk.reservations, ptr);
+  if (!res) return misuse(CUDA_ERROR_INVALID_VALUE, "0x%llx is not a reservation", p);
+  if (res->size != size)
+    return misuse(CUDA_ERROR_INVALID_VALUE, "size %zu of 0x%llx, reserved %zu", size, p, res->size);
+  if (res->mappings)
+    return misuse(CUDA_ERROR_INVALID_VALUE, "0x%llx still holds %zu mappings", p, res->mappings);
+  fk.reservations = avl_remove(fk.reservations, ptr);
+  fk.ledger.reservations--;
+  fk.ledger.reserved_bytes -= size;
+  free(res);
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_mem_create(CUmemGenericAllocationHandle *out, size_t size, const CUmemAllocationProp *prop,
+                              unsigned long long flags) {
+  if (flags) return misuse(CUDA_ERROR_INVALID_VALUE, "flags %llu are not 0", flags);
+  CUresult r = check_prop(prop);
+  if (r != CUDA_SUCCESS) return r;
+  if (!granule_multiple(size)) return misuse(CUDA_ERROR_INVALID_VALUE, "size %zu is not a granularity multiple", size);
+  int device = prop->location.id;
+  if (size > free_physical(device)) return CUDA_ERROR_OUT_OF_MEMORY;
+  handle *h = xcalloc(1, sizeof *h);
+  h->size = size;
+  h->device = device;
+  uint64_t id = next_id++;
+  hmap_put(&fk.handles, id, h);
+  fk.physical_used[device] += size;
+  fk.ledger.live_handles++;
+  fk.ledger.live_handle_bytes += size;
+  *out = id;
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_mem_release(CUmemGenericAllocationHandle id) {
+  handle *h = hmap_del(&fk.handles, id);
+  if (!h) return misuse(CUDA_ERROR_INVALID_VALUE, "unknown or released handle %llu", (unsigned long long)id);
+  h->released = 1;
+  fk.ledger.live_handles--;
+  fk.ledger.live_handle_bytes -= h->size;
+  if (h->mappings == 0) free_handle(h);
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_mem_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle id,
+                           unsigned long long flags) {
+  unsigned long long p = ptr;
+  if (flags) return misuse(CUDA_ERROR_INVALID_VALUE, "flags %llu are not 0", flags);
+  handle *h = hmap_get(&fk.handles, id);
+  if (!h) return misuse(CUDA_ERROR_INVALID_VALUE, "unknown or released handle %llu", (unsigned long long)id);
+  if (size == 0 || offset > h->size || size > h->size - offset)
+    return misuse(CUDA_ERROR_INVALID_VALUE, "offset %zu + size %zu outside a handle of %zu", offset, size, h->size);
+  if (offset != 0 || size != h->size) return CUDA_ERROR_NOT_SUPPORTED; /* as the real H200 driver */
+  if (ptr % fk.opts.granularity) return misuse(CUDA_ERROR_INVALID_VALUE, "0x%llx is not granule aligned", p);
+  reservation *res = (reservation *)avl_floor(fk.reservations, ptr);
+  if (!res || ptr - res->node.key > res->size || size > res->size - (ptr - res->node.key))
+    return misuse(CUDA_ERROR_INVALID_VALUE, "0x%llx+%zu is not inside one reservation", p, size);
+  /* Mappings are disjoint, so only the one starting at or before ptr and the first one
+   * after ptr can overlap the new range. */
+  mapping *before = (mapping *)avl_floor(fk.mappings, ptr);
+  mapping *after = (mapping *)avl_after(fk.mappings, ptr);
+  if ((before && ptr - before->node.key < before->size) || (after && after->node.key - ptr < size))
+    return misuse(CUDA_ERROR_INVALID_VALUE, "0x%llx+%zu overlaps a mapping", p, size);
+  mapping *m = xcalloc(1, sizeof *m);
+  m->node.key = ptr;
+  m->size = size;
+  m->handle = h;
+  m->reservation = res;
+  fk.mappings = avl_insert(fk.mappings, &m->node);
+  h->mappings++;
+  res->mappings++;
+  fk.ledger.live_mappings++;
+  fk.ledger.mapped_bytes += size;
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_mem_unmap(CUdeviceptr ptr, size_t size) {
+  mapping *m;
+  CUresult r = check_mapped_run(ptr, size, &m);
+  if (r != CUDA_SUCCESS) return r;
+  for (CUdeviceptr end = ptr + size; m;) {
+    CUdeviceptr next = m->node.key + m->size;
+    remove_mapping(m);
+    m = next < end ? find_mapping(next) : NULL;
+  }
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+  if (!desc || count == 0) return misuse(CUDA_ERROR_INVALID_VALUE, "no access descriptors");
+  for (size_t i = 0; i < count; i++) {
+    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+      return misuse(CUDA_ERROR_INVALID_VALUE, "desc[%zu].location.type is not DEVICE", i);
+    if (!valid_device(desc[i].location.id))
+      return misuse(CUDA_ERROR_INVALID_DEVICE, "desc[%zu].location.id %d is not a device", i, desc[i].location.id);
+    if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE && desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE)
+      return misuse(CUDA_ERROR_INVALID_VALUE, "desc[%zu].flags %d are not READWRITE or NONE", i, (int)desc[i].flags);
+  }
+  mapping *first;
+  CUresult r = check_mapped_run(ptr, size, &first);
+  if (r != CUDA_SUCCESS) return r;
+  CUdeviceptr end = ptr + size;
+  if (!fk.opts.peer_access) {
+    for (mapping *m = first; m && m->node.key < end; m = next_mapping(m))
+      for (size_t i = 0; i < count; i++)
+        if (desc[i].location.id != m->handle->device)
+          return misuse(CUDA_ERROR_INVALID_DEVICE, "device %d has no peer access to device %d",
+                        desc[i].location.id, m->handle->device);
+  }
+  for (mapping *m = first; m && m->node.key < end; m = next_mapping(m)) {
+    for (size_t i = 0; i < count; i++) {
+      unsigned bit = 1u << desc[i].location.id;
+      m->access = desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? m->access | bit : m->access & ~bit;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_stream_is_capturing(CUstream stream, CUstreamCaptureStatus *status) {
+  if (is_capturing(stream)) {
+    *status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    return CUDA_SUCCESS;
+  }
+  /* As CUDA: asking about the legacy stream while a stream captures is an error. */
+  if (is_legacy_stream(stream) && fk.capturing.count) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+  *status = CU_STREAM_CAPTURE_STATUS_NONE;
+  return CUDA_SUCCESS;
+}
+
+/* Recording or waiting on an event in a capturing stream is legal in CUDA but turns into
+ * graph nodes; the library must never do it, so the fake counts it as misuse. */
+static CUresult check_event_and_stream(CUstream stream, CUevent event) {
+  CUresult r = check_event(event);
+  return r != CUDA_SUCCESS ? r : check_stream_usable(stream);
+}
+
+static CUresult do_event_create(CUevent *event) {
+  uint64_t id = next_id++;
+  hmap_put(&fk.events, id, &fk.events); /* any non-NULL value marks the event live */
+  fk.ledger.live_events++;
+  *event = (CUevent)(uintptr_t)id;
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_event_destroy(CUevent event) {
+  if (!hmap_del(&fk.events, (uintptr_t)event))
+    return misuse(CUDA_ERROR_INVALID_HANDLE, "unknown event %p", (void *)event);
+  fk.ledger.live_events--;
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_host_memory_available(size_t *bytes) {
+  *bytes = fk.opts.host_mem_available;
+  return CUDA_SUCCESS;
+}
+
+static CUresult drv_init(unsigned int flags) { FAKE_CALL(init, flags, 0, do_init(flags)); }
+static CUresult drv_driver_get_version(int *version) {
+  FAKE_CALL(driver_get_version, 0, 0, do_driver_get_version(version));
+}
+static CUresult drv_get_error_name(CUresult error, const char **name) {
+  FAKE_CALL(get_error_name, error, 0, do_get_error_name(error, name));
+}
+static CUresult drv_device_get_count(int *count) { FAKE_CALL(device_get_count, 0, 0, do_device_get_count(count)); }
+static CUresult drv_device_get(CUdevice *device, int ordinal) {
+  FAKE_CALL(device_get, ordinal, 0, do_device_get(device, ordinal));
+}
+static CUresult drv_device_get_attribute(int *value, CUdevice_attribute attribute, CUdevice device) {
+  FAKE_CALL(device_get_attribute, attribute, device, do_device_get_attribute(value, attribute, device));
+}
+static CUresult drv_device_can_access_peer(int *can_access, CUdevice device, CUdevice peer) {
+  FAKE_CALL(device_can_access_peer, device, peer, do_device_can_access_peer(can_access, device, peer));
+}
+static CUresult drv_primary_ctx_retain(CUcontext *ctx, CUdevice device) {
+  FAKE_CALL(primary_ctx_retain, device, 0, do_primary_ctx_retain(ctx, device));
+}
+static CUresult drv_primary_ctx_release(CUdevice device) {
+  FAKE_CALL(primary_ctx_release, device, 0, do_primary_ctx_release(device));
+}
+static CUresult drv_ctx_push_current(CUcontext ctx) { FAKE_CALL(ctx_push_current, ctx, 0, do_ctx_push_current(ctx)); }
+static CUresult drv_ctx_pop_current(CUcontext *popped) { FAKE_CALL(ctx_pop_current, 0, 0, do_ctx_pop_current(popped)); }
+static CUresult drv_ctx_synchronize(void) { FAKE_CALL(ctx_synchronize, 0, 0, do_ctx_synchronize()); }
+static CUresult drv_mem_get_info(size_t *free_bytes, size_t *total_bytes) {
+  FAKE_CALL(mem_get_info, 0, 0, do_mem_get_info(free_bytes, total_bytes));
+}
+static CUresult drv_mem_get_allocation_granularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                                   CUmemAllocationGranularity_flags option) {
+  FAKE_CALL(mem_get_allocation_granularity, prop_device(prop), option,
+            do_mem_get_allocation_granularity(granularity, prop, option));
+}
+static CUresult drv_mem_address_reserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                        unsigned long long flags) {
+  (void)addr; /* the fake ignores the address hint */
+  FAKE_CALL(mem_address_reserve, size, alignment, do_mem_address_reserve(ptr, size, alignment, flags));
+}
+static CUresult drv_mem_address_free(CUdeviceptr ptr, size_t size) {
+  FAKE_CALL(mem_address_free, ptr, size, do_mem_address_free(ptr, size));
+}
+static CUresult drv_mem_create(CUmemGenericAllocationHandle *hnd, size_t size, const CUmemAllocationProp *prop,
+                               unsigned long long flags) {
+  FAKE_CALL(mem_create, size, prop_device(prop), do_mem_create(hnd, size, prop, flags));
+}
+static CUresult drv_mem_release(CUmemGenericAllocationHandle hnd) {
+  FAKE_CALL(mem_release, hnd, 0, do_mem_release(hnd));
+}
+static CUresult drv_mem_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle hnd,
+                            unsigned long long flags) {
+  FAKE_CALL(mem_map, ptr, size, do_mem_map(ptr, size, offset, hnd, flags));
+}
+static CUresult drv_mem_unmap(CUdeviceptr ptr, size_t size) {
+  FAKE_CALL(mem_unmap, ptr, size, do_mem_unmap(ptr, size));
+}
+static CUresult drv_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+  FAKE_CALL(mem_set_access, ptr, size, do_mem_set_access(ptr, size, desc, count));
+}
+static CUresult drv_stream_synchronize(CUstream stream) {
+  FAKE_CALL(stream_synchronize, stream, 0, check_stream_usable(stream));
+}
+static CUresult drv_stream_is_capturing(CUstream stream, CUstreamCaptureStatus *status) {
+  FAKE_CALL(stream_is_capturing, stream, 0, do_stream_is_capturing(stream, status));
+}
+static CUresult drv_stream_wait_event(CUstream stream, CUevent event, unsigned int flags) {
+  (void)flags;
+  FAKE_CALL(stream_wait_event, stream, event, check_event_and_stream(stream, event));
+}
+static CUresult drv_event_create(CUevent *event, unsigned int flags) {
+  FAKE_CALL(event_create, flags, 0, do_event_create(event));
+}
+static CUresult drv_event_record(CUevent event, CUstream stream) {
+  FAKE_CALL(event_record, event, stream, check_event_and_stream(stream, event));
+}
+static CUresult drv_event_destroy(CUevent event) { FAKE_CALL(event_destroy, event, 0, do_event_destroy(event)); }
+static CUresult drv_host_memory_available(size_t *bytes) {
+  FAKE_CALL(host_memory_available, 0, 0, do_host_memory_available(bytes));
+}
+
+/* Filled from the X-macro, so a missing entry point fails to compile. */
+static const struct vmm_driver fake_table = {
+    .version = VMM_DRIVER_VERSION,
+    .name = "fake",
+#define FAKE_TABLE_FIELD(field, symbol) .field = drv_##field,
+    VMM_DRIVER_ENTRY_POINTS(FAKE_TABLE_FIELD)
+#undef FAKE_TABLE_FIELD
+};
+
+/* ---- Control and inspection ----------------------------------------------------------- */
+static fake_options resolve_options(const fake_options *in) {
+  fake_options o = in ? *in : (fake_options){0};
+  if (o.device_count == 0) o.device_count = 1;
+  if (o.device_count < 0 || o.device_count > FAKE_MAX_DEVICES) {
+    fprintf(stderr, "fake_driver: device_count %d is not in 1..%d\n", o.device_count, FAKE_MAX_DEVICES);
+    abort();
+  }
+  if (o.granularity == 0) o.granularity = 2 * MIB;
+  if (o.capacity == 0) o.capacity = 80 * GIB;
+  if (o.va_space == 0) o.va_space = 1024 * GIB;
+  if (o.host_mem_available == 0) o.host_mem_available = 64 * GIB;
+  o.integrated = o.integrated != 0;
+  o.peer_access = o.peer_access >= 0;
+  o.record_calls = o.record_calls >= 0;
+  return o;
+}
+
+static void free_mapping_node(avl *node) {
+  mapping *m = (mapping *)node;
+  handle *h = m->handle;
+  if (--h->mappings == 0 && h->released) free(h);
+  free(m);
+}
+
+static void free_reservation_node(avl *node) { free(node); }
+
+const struct vmm_driver *fake_driver_reset(const fake_options *opts) {
+  fake_options resolved = resolve_options(opts);
+  pthread_mutex_lock(&fk_lock);
+  avl_free(fk.mappings, free_mapping_node); /* frees released handles; live ones go with the map */
+  avl_free(fk.reservations, free_reservation_node);
+  hmap_free(&fk.handles, 1);
+  hmap_free(&fk.events, 0);
+  hmap_free(&fk.capturing, 0);
+  free(fk.log);
+  unsigned generation = fk.generation;
+  memset(&fk, 0, sizeof fk);
+  fk.generation = generation + 1;
+  fk.opts = resolved;
+  for (int d = 0; d < FAKE_MAX_DEVICES; d++) fk.capacity[d] = resolved.capacity;
+  fk.next_va = FAKE_VA_BASE;
+  pthread_mutex_unlock(&fk_lock);
+  return &fake_table;
+}
+
+const struct vmm_driver *fake_driver(void) { return &fake_table; }
+
+void fake_fail_nth(vmm_driver_entry entry, unsigned nth, CUresult result, int persistent) {
+  if ((unsigned)entry >= VMM_DRV_ENTRY_COUNT) return;
+  pthread_mutex_lock(&fk_lock);
+  fk.rules[entry] = (fault_rule){nth, 0, result, persistent};
+  pthread_mutex_unlock(&fk_lock);
+}
+
+void fake_fail_nth_any(unsigned nth, CUresult result, int persistent) {
+  pthread_mutex_lock(&fk_lock);
+  fk.any_rule = (fault_rule){nth, 0, result, persistent};
+  pthread_mutex_unlock(&fk_lock);
+}
+
+void fake_clear_faults(void) {
+  pthread_mutex_lock(&fk_lock);
+  memset(fk.rules, 0, sizeof fk.rules);
+  memset(&fk.any_rule, 0, sizeof fk.any_rule);
+  pthread_mutex_unlock(&fk_lock);
+}
+
+unsigned fake_faults_fired(void) {
+  pthread_mutex_lock(&fk_lock);
+  unsigned fired = fk.faults_fired;
+  pthread_mutex_unlock(&fk_lock);
+  return fired;
+}
+
+void fake_set_capacity(int device, size_t bytes) {
+  if (device < 0 || device >= FAKE_MAX_DEVICES) return;
+  pthread_mutex_lock(&fk_lock);
+  fk.capacity[device] = bytes;
+  pthread_mutex_unlock(&fk_lock);
+}
+
+void fake_set_host_mem_available(size_t bytes) {
+  pthread_mutex_lock(&fk_lock);
+  fk.opts.host_mem_available = bytes;
+  pthread_mutex_unlock(&fk_lock);
+}
+
+void fake_set_integrated(int integrated) {
+  pthread_mutex_lock(&fk_lock);
+  fk.opts.integrated = integrated != 0;
+  pthread_mutex_unlock(&fk_lock);
+}
+
+void fake_set_capturing(CUstream stream, int capturing) {
+  if (is_legacy_stream(stream)) return; /* the legacy stream cannot capture */
+  pthread_mutex_lock(&fk_lock);
+  if (!capturing)
+    hmap_del(&fk.capturing, (uintptr_t)stream);
+  else if (!is_capturing(stream))
+    hmap_put(&fk.capturing, (uintptr_t)stream, &fk.capturing); /* any non-NULL value marks it */
+  pthread_mutex_unlock(&fk_lock);
+}
+
+void fake_get_ledger(fake_ledger *out) {
+  pthread_mutex_lock(&fk_lock);
+  *out = fk.ledger;
+  pthread_mutex_unlock(&fk_lock);
+}
+
+int fake_ledger_clean(void) {
+  fake_ledger l;
+  fake_get_ledger(&l);
+  int clean = !l.live_handles && !l.live_mappings && !l.reservations && !l.live_events && !l.ctx_pushed &&
+              !l.primary_retained && !l.errors;
+  if (!clean) {
+    fprintf(stderr,
+            "fake_driver: not clean: %zu handles (%zu bytes), %zu mappings (%zu bytes), %zu reservations "
+            "(%zu bytes), %zu events, %zu pushed contexts, %zu retained primary contexts, %zu misuse errors\n",
+            l.live_handles, l.live_handle_bytes, l.live_mappings, l.mapped_bytes, l.reservations, l.reserved_bytes,
+            l.live_events, l.ctx_pushed, l.primary_retained, l.errors);
+    if (l.errors) fprintf(stderr, "fake_driver: first misuse: %s\n", fake_first_error());
+  }
+  return clean;
+}
+
+const char *fake_first_error(void) {
+  pthread_mutex_lock(&fk_lock);
+  const char *text = fk.ledger.errors ? fk.first_error : NULL;
+  pthread_mutex_unlock(&fk_lock);
+  return text;
+}
+
+size_t fake_call_count(void) {
+  pthread_mutex_lock(&fk_lock);
+  size_t n = fk.log_len;
+  pthread_mutex_unlock(&fk_lock);
+  return n;
+}
+
+/* The pointer is valid until the next driver call or reset. */
+const fake_call *fake_call_at(size_t index) {
+  pthread_mutex_lock(&fk_lock);
+  const fake_call *call = index < fk.log_len ? &fk.log[index] : NULL;
+  pthread_mutex_unlock(&fk_lock);
+  return call;
+}
+
+size_t fake_calls_since(size_t from, vmm_driver_entry entry) {
+  pthread_mutex_lock(&fk_lock);
+  size_t n = 0;
+  for (size_t i = from; i < fk.log_len; i++) n += fk.log[i].entry == entry;
+  pthread_mutex_unlock(&fk_lock);
+  return n;
+}
+
+size_t fake_mapped_size_at(CUdeviceptr ptr) {
+  pthread_mutex_lock(&fk_lock);
+  mapping *m = mapping_containing(ptr);
+  size_t size = m ? m->size : 0;
+  pthread_mutex_unlock(&fk_lock);
+  return size;
+}
+
+int fake_access_granted(CUdeviceptr ptr, int dev) {
+  if (dev < 0 || dev >= FAKE_MAX_DEVICES) return 0;
+  pthread_mutex_lock(&fk_lock);
+  mapping *m = mapping_containing(ptr);
+  int granted = m && (m->access >> dev & 1u);
+  pthread_mutex_unlock(&fk_lock);
+  return granted;
+}

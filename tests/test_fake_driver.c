@@ -1,0 +1,316 @@
+/* Self-test of the fake CUDA driver: it must accept what the real driver accepts, reject
+ * what it rejects, count misuse, and inject faults as told. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "fake_driver.h"
+
+#define GRAIN ((size_t)2 << 20) /* the default granularity */
+
+static const struct vmm_driver *drv;
+
+static int reset_defaults(void **state) {
+  (void)state;
+  drv = fake_driver_reset(NULL);
+  return 0;
+}
+
+static size_t misuse_count(void) {
+  fake_ledger l;
+  fake_get_ledger(&l);
+  return l.errors;
+}
+
+static CUmemAllocationProp device_prop(int device) {
+  CUmemAllocationProp prop = {0};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  return prop;
+}
+
+static CUmemGenericAllocationHandle create(size_t size) {
+  CUmemAllocationProp prop = device_prop(0);
+  CUmemGenericAllocationHandle h = 0;
+  assert_int_equal(drv->mem_create(&h, size, &prop, 0), CUDA_SUCCESS);
+  return h;
+}
+
+static CUdeviceptr reserve(size_t size) {
+  CUdeviceptr base = 0;
+  assert_int_equal(drv->mem_address_reserve(&base, size, 0, 0, 0), CUDA_SUCCESS);
+  return base;
+}
+
+static CUmemAccessDesc rw_access(int device) {
+  CUmemAccessDesc desc = {0};
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = device;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return desc;
+}
+
+static void test_happy_path(void **state) {
+  (void)state;
+  assert_int_equal(drv->version, VMM_DRIVER_VERSION);
+  assert_string_equal(drv->name, "fake");
+  CUcontext ctx;
+  assert_int_equal(drv->primary_ctx_retain(&ctx, 0), CUDA_SUCCESS);
+  assert_int_equal(drv->ctx_push_current(ctx), CUDA_SUCCESS);
+  size_t grain = 0, free_bytes, total;
+  CUmemAllocationProp prop = device_prop(0);
+  assert_int_equal(drv->mem_get_allocation_granularity(&grain, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
+                   CUDA_SUCCESS);
+  assert_int_equal(grain, GRAIN);
+
+  CUdeviceptr base = reserve(4 * GRAIN);
+  assert_int_equal(base % GRAIN, 0);
+  CUmemGenericAllocationHandle h = create(2 * GRAIN);
+  assert_int_equal(drv->mem_map(base, 2 * GRAIN, 0, h, 0), CUDA_SUCCESS);
+  CUmemAccessDesc rw = rw_access(0);
+  assert_int_equal(drv->mem_set_access(base, 2 * GRAIN, &rw, 1), CUDA_SUCCESS);
+  assert_int_equal(fake_mapped_size_at(base + GRAIN + 1), 2 * GRAIN);
+  assert_true(fake_access_granted(base + 2 * GRAIN - 1, 0));
+  assert_int_equal(fake_mapped_size_at(base + 2 * GRAIN), 0);
+  assert_int_equal(drv->mem_get_info(&free_bytes, &total), CUDA_SUCCESS);
+  assert_int_equal(total - free_bytes, 2 * GRAIN);
+
+  assert_int_equal(drv->mem_unmap(base, 2 * GRAIN), CUDA_SUCCESS);
+  assert_false(fake_access_granted(base, 0));
+  assert_int_equal(drv->mem_release(h), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_address_free(base, 4 * GRAIN), CUDA_SUCCESS);
+  assert_int_equal(drv->ctx_pop_current(&ctx), CUDA_SUCCESS);
+  assert_int_equal(drv->primary_ctx_release(0), CUDA_SUCCESS);
+  assert_true(fake_ledger_clean());
+
+  assert_int_equal(fake_calls_since(0, VMM_DRV_mem_map), 1);
+  const fake_call *first = fake_call_at(0);
+  assert_int_equal(first->entry, VMM_DRV_primary_ctx_retain);
+  assert_int_equal(first->result, CUDA_SUCCESS);
+}
+
+static void test_partial_map_not_supported(void **state) {
+  (void)state;
+  CUdeviceptr base = reserve(2 * GRAIN);
+  CUmemGenericAllocationHandle h = create(2 * GRAIN);
+  assert_int_equal(drv->mem_map(base, GRAIN, 0, h, 0), CUDA_ERROR_NOT_SUPPORTED);
+  assert_int_equal(drv->mem_map(base, GRAIN, GRAIN, h, 0), CUDA_ERROR_NOT_SUPPORTED);
+  assert_int_equal(misuse_count(), 0); /* a driver limit, not a misuse */
+  assert_int_equal(drv->mem_release(h), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_address_free(base, 2 * GRAIN), CUDA_SUCCESS);
+  assert_true(fake_ledger_clean());
+}
+
+static void test_overlapping_map_rejected(void **state) {
+  (void)state;
+  CUdeviceptr base = reserve(4 * GRAIN);
+  CUmemGenericAllocationHandle two = create(2 * GRAIN), other = create(2 * GRAIN), one = create(GRAIN);
+  assert_int_equal(drv->mem_map(base + GRAIN, 2 * GRAIN, 0, two, 0), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_map(base, 2 * GRAIN, 0, other, 0), CUDA_ERROR_INVALID_VALUE);         /* tail */
+  assert_int_equal(drv->mem_map(base + 2 * GRAIN, 2 * GRAIN, 0, other, 0), CUDA_ERROR_INVALID_VALUE); /* head */
+  assert_int_equal(drv->mem_map(base + GRAIN, GRAIN, 0, one, 0), CUDA_ERROR_INVALID_VALUE);        /* same base */
+  assert_int_equal(drv->mem_map(base + 3 * GRAIN, 2 * GRAIN, 0, other, 0), CUDA_ERROR_INVALID_VALUE); /* past end */
+  assert_int_equal(drv->mem_map(base + 3 * GRAIN, GRAIN, 0, one, 0), CUDA_SUCCESS);
+  assert_int_equal(misuse_count(), 4);
+  assert_non_null(fake_first_error());
+}
+
+static void test_misuse_counted(void **state) {
+  (void)state;
+  CUdeviceptr base = reserve(GRAIN);
+  CUmemGenericAllocationHandle h = create(GRAIN);
+  assert_int_equal(drv->mem_release(h), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_release(h), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(drv->mem_unmap(base, GRAIN), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(drv->mem_address_free(base, 2 * GRAIN), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(drv->primary_ctx_release(0), CUDA_ERROR_INVALID_CONTEXT);
+  assert_int_equal(drv->ctx_pop_current(NULL), CUDA_ERROR_INVALID_CONTEXT);
+  assert_int_equal(misuse_count(), 5);
+  assert_int_equal(drv->mem_address_free(base, GRAIN), CUDA_SUCCESS);
+  assert_false(fake_ledger_clean()); /* nothing live, but misuse was seen */
+}
+
+static void test_capacity_out_of_memory(void **state) {
+  (void)state;
+  drv = fake_driver_reset(&(fake_options){.capacity = 2 * GRAIN, .va_space = 2 * GRAIN});
+  CUmemGenericAllocationHandle h = create(2 * GRAIN), extra;
+  CUmemAllocationProp prop = device_prop(0);
+  assert_int_equal(drv->mem_create(&extra, GRAIN, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
+  CUdeviceptr base = reserve(2 * GRAIN), more;
+  assert_int_equal(drv->mem_address_reserve(&more, GRAIN, 0, 0, 0), CUDA_ERROR_OUT_OF_MEMORY);
+  assert_int_equal(misuse_count(), 0);
+  assert_int_equal(drv->mem_release(h), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_address_free(base, 2 * GRAIN), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_release(create(GRAIN)), CUDA_SUCCESS);
+  assert_true(fake_ledger_clean());
+}
+
+static void test_fault_injection(void **state) {
+  (void)state;
+  CUmemAllocationProp prop = device_prop(0);
+  CUmemGenericAllocationHandle h;
+  fake_ledger l;
+  fake_fail_nth(VMM_DRV_mem_create, 2, CUDA_ERROR_OUT_OF_MEMORY, 0);
+  create(GRAIN);
+  assert_int_equal(drv->mem_create(&h, GRAIN, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
+  create(GRAIN);
+  fake_get_ledger(&l);
+  assert_int_equal(l.live_handles, 2); /* the failed call had no effect */
+  assert_int_equal(fake_faults_fired(), 1);
+
+  fake_fail_nth(VMM_DRV_mem_create, 2, CUDA_ERROR_UNKNOWN, 1);
+  create(GRAIN);
+  assert_int_equal(drv->mem_create(&h, GRAIN, &prop, 0), CUDA_ERROR_UNKNOWN);
+  assert_int_equal(drv->mem_create(&h, GRAIN, &prop, 0), CUDA_ERROR_UNKNOWN);
+  assert_int_equal(fake_faults_fired(), 3);
+  fake_clear_faults();
+  create(GRAIN);
+
+  size_t bytes;
+  int version;
+  fake_fail_nth_any(2, CUDA_ERROR_LAUNCH_FAILED, 0);
+  assert_int_equal(drv->driver_get_version(&version), CUDA_SUCCESS);
+  assert_int_equal(drv->host_memory_available(&bytes), CUDA_ERROR_LAUNCH_FAILED);
+  assert_int_equal(drv->host_memory_available(&bytes), CUDA_SUCCESS);
+  assert_int_equal(bytes, (size_t)64 << 30);
+  assert_int_equal(fake_faults_fired(), 4);
+  const fake_call *last = fake_call_at(fake_call_count() - 2);
+  assert_int_equal(last->entry, VMM_DRV_host_memory_available);
+  assert_int_equal(last->result, CUDA_ERROR_LAUNCH_FAILED);
+  assert_int_equal(misuse_count(), 0);
+}
+
+static void test_capturing_streams(void **state) {
+  (void)state;
+  CUstream capturing = (CUstream)(uintptr_t)0x100, idle = (CUstream)(uintptr_t)0x200;
+  CUstreamCaptureStatus status;
+  CUevent event;
+  fake_set_capturing(capturing, 1);
+  assert_int_equal(drv->stream_is_capturing(capturing, &status), CUDA_SUCCESS);
+  assert_int_equal(status, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  assert_int_equal(drv->stream_is_capturing(idle, &status), CUDA_SUCCESS);
+  assert_int_equal(status, CU_STREAM_CAPTURE_STATUS_NONE);
+  assert_int_equal(drv->stream_is_capturing(NULL, &status), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+  assert_int_equal(misuse_count(), 0);
+
+  assert_int_equal(drv->event_create(&event, 0), CUDA_SUCCESS);
+  assert_int_equal(drv->stream_synchronize(idle), CUDA_SUCCESS);
+  assert_int_equal(drv->event_record(event, idle), CUDA_SUCCESS);
+  assert_int_equal(drv->stream_synchronize(capturing), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  assert_int_equal(drv->event_record(event, capturing), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  assert_int_equal(drv->stream_wait_event(capturing, event, 0), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  assert_int_equal(drv->ctx_synchronize(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  assert_int_equal(drv->stream_synchronize(NULL), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+  assert_int_equal(misuse_count(), 5);
+
+  fake_set_capturing(capturing, 0);
+  assert_int_equal(drv->stream_synchronize(capturing), CUDA_SUCCESS);
+  assert_int_equal(drv->ctx_synchronize(), CUDA_SUCCESS);
+  assert_int_equal(drv->event_record((CUevent)(uintptr_t)0xdead, idle), CUDA_ERROR_INVALID_HANDLE);
+  assert_int_equal(drv->event_destroy(event), CUDA_SUCCESS);
+  assert_int_equal(drv->event_destroy(event), CUDA_ERROR_INVALID_HANDLE);
+  assert_int_equal(misuse_count(), 7);
+}
+
+static void test_unmap_of_several_mappings(void **state) {
+  (void)state;
+  CUdeviceptr base = reserve(4 * GRAIN);
+  CUmemGenericAllocationHandle h[3] = {create(GRAIN), create(GRAIN), create(GRAIN)};
+  for (int i = 0; i < 3; i++) assert_int_equal(drv->mem_map(base + i * GRAIN, GRAIN, 0, h[i], 0), CUDA_SUCCESS);
+  CUmemAccessDesc rw = rw_access(0);
+  assert_int_equal(drv->mem_set_access(base, 3 * GRAIN, &rw, 1), CUDA_SUCCESS);
+  assert_true(fake_access_granted(base + 2 * GRAIN, 0));
+  assert_int_equal(drv->mem_unmap(base, 4 * GRAIN), CUDA_ERROR_INVALID_VALUE);     /* runs past the last */
+  assert_int_equal(drv->mem_unmap(base, GRAIN + GRAIN / 2), CUDA_ERROR_INVALID_VALUE); /* ends inside one */
+  assert_int_equal(drv->mem_unmap(base, 3 * GRAIN), CUDA_SUCCESS);
+
+  assert_int_equal(drv->mem_map(base, GRAIN, 0, h[0], 0), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_map(base + 2 * GRAIN, GRAIN, 0, h[2], 0), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_set_access(base, 3 * GRAIN, &rw, 1), CUDA_ERROR_INVALID_VALUE); /* gap */
+  assert_int_equal(drv->mem_unmap(base, 3 * GRAIN), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(misuse_count(), 4);
+  fake_ledger l;
+  fake_get_ledger(&l);
+  assert_int_equal(l.live_mappings, 2);
+  assert_int_equal(l.mapped_bytes, 2 * GRAIN);
+}
+
+static void test_aliased_handle_outlives_release(void **state) {
+  (void)state;
+  CUdeviceptr a = reserve(2 * GRAIN), b = reserve(2 * GRAIN);
+  CUmemGenericAllocationHandle h = create(2 * GRAIN);
+  assert_int_equal(drv->mem_map(a, 2 * GRAIN, 0, h, 0), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_map(b, 2 * GRAIN, 0, h, 0), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_release(h), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_map(a, 2 * GRAIN, 0, h, 0), CUDA_ERROR_INVALID_VALUE); /* released */
+  size_t free_bytes, total;
+  fake_ledger l;
+  fake_get_ledger(&l);
+  assert_int_equal(l.live_handles, 0);
+  assert_int_equal(drv->mem_unmap(a, 2 * GRAIN), CUDA_SUCCESS);
+  assert_int_equal(fake_mapped_size_at(b), 2 * GRAIN);
+  assert_int_equal(drv->mem_get_info(&free_bytes, &total), CUDA_SUCCESS);
+  assert_int_equal(total - free_bytes, 2 * GRAIN); /* freed only with the last mapping */
+  assert_int_equal(drv->mem_unmap(b, 2 * GRAIN), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_get_info(&free_bytes, &total), CUDA_SUCCESS);
+  assert_int_equal(free_bytes, total);
+  assert_int_equal(misuse_count(), 1);
+}
+
+static void test_peer_access_off(void **state) {
+  (void)state;
+  drv = fake_driver_reset(&(fake_options){.device_count = 2, .peer_access = -1});
+  int can_access = 1;
+  assert_int_equal(drv->device_can_access_peer(&can_access, 0, 1), CUDA_SUCCESS);
+  assert_int_equal(can_access, 0);
+  CUdeviceptr base = reserve(GRAIN);
+  assert_int_equal(drv->mem_map(base, GRAIN, 0, create(GRAIN), 0), CUDA_SUCCESS);
+  CUmemAccessDesc both[2] = {rw_access(0), rw_access(1)};
+  assert_int_equal(drv->mem_set_access(base, GRAIN, both, 2), CUDA_ERROR_INVALID_DEVICE);
+  assert_false(fake_access_granted(base, 0)); /* the failed call changed nothing */
+  assert_int_equal(misuse_count(), 1);
+}
+
+/* 100,000 live mappings in one reservation, mapped and unmapped in scattered orders:
+ * quadratic bookkeeping in the fake would make this test crawl. */
+static void test_many_mappings(void **state) {
+  (void)state;
+  enum { COUNT = 100000 };
+  static CUmemGenericAllocationHandle handles[COUNT];
+  drv = fake_driver_reset(&(fake_options){.capacity = (size_t)COUNT * GRAIN, .record_calls = -1});
+  CUdeviceptr base = reserve((size_t)COUNT * GRAIN);
+  for (size_t i = 0; i < COUNT; i++) {
+    size_t slot = i * 7919 % COUNT; /* 7919 is prime, so this visits every slot once */
+    handles[slot] = create(GRAIN);
+    assert_int_equal(drv->mem_map(base + slot * GRAIN, GRAIN, 0, handles[slot], 0), CUDA_SUCCESS);
+  }
+  assert_int_equal(fake_mapped_size_at(base + (COUNT - 1) * GRAIN), GRAIN);
+  for (size_t i = 0; i < COUNT; i++) {
+    size_t slot = i * 104729 % COUNT;
+    assert_int_equal(drv->mem_unmap(base + slot * GRAIN, GRAIN), CUDA_SUCCESS);
+    assert_int_equal(drv->mem_release(handles[slot]), CUDA_SUCCESS);
+  }
+  assert_int_equal(drv->mem_address_free(base, (size_t)COUNT * GRAIN), CUDA_SUCCESS);
+  assert_int_equal(fake_call_count(), 0);
+  assert_true(fake_ledger_clean());
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_happy_path, reset_defaults, reset_defaults),
+      cmocka_unit_test_setup_teardown(test_partial_map_not_supported, reset_defaults, reset_defaults),
+      cmocka_unit_test_setup_teardown(test_overlapping_map_rejected, reset_defaults, reset_defaults),
+      cmocka_unit_test_setup_teardown(test_misuse_counted, reset_defaults, reset_defaults),
+      cmocka_unit_test_setup_teardown(test_capacity_out_of_memory, reset_defaults, reset_defaults),
+      cmocka_unit_test_setup_teardown(test_fault_injection, reset_defaults, reset_defaults),
+      cmocka_unit_test_setup_teardown(test_capturing_streams, reset_defaults, reset_defaults),
+      cmocka_unit_test_setup_teardown(test_unmap_of_several_mappings, reset_defaults, reset_defaults),
+      cmocka_unit_test_setup_teardown(test_aliased_handle_outlives_release, reset_defaults, reset_defaults),
+      cmocka_unit_test_setup_teardown(test_peer_access_off, reset_defaults, reset_defaults),
+      cmocka_unit_test_setup_teardown(test_many_mappings, reset_defaults, reset_defaults),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

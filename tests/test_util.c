@@ -1,0 +1,47 @@
+#include "test_util.h"
+
+#include <stdio.h>
+
+vmm_config tu_config(void) {
+  vmm_config cfg;
+  vmm_config_init(&cfg);
+  cfg.driver = fake_driver();
+  cfg.retain = VMM_RETAIN_ON;
+  cfg.log_level = 0;
+  cfg.reserve_bytes = 64 * GiB;
+  return cfg;
+}
+
+vmm_arena *tu_arena(const fake_options *opts, const vmm_config *cfg) {
+  fake_driver_reset(opts);
+  vmm_config c = cfg ? *cfg : tu_config();
+  c.driver = fake_driver();
+  vmm_arena *a = NULL;
+  vmm_status s = vmm_arena_create(&c, &a);
+  if (s != VMM_OK) fprintf(stderr, "vmm_arena_create: %s: %s\n", vmm_status_name(s), vmm_create_error());
+  assert_int_equal(s, VMM_OK);
+  assert_non_null(a);
+  return a;
+}
+
+void tu_check(vmm_arena *a) {
+  char why[256] = "";
+  int rc = vmm_arena_check(a, why, sizeof why);
+  if (rc) fprintf(stderr, "vmm_arena_check: %s\n", why);
+  assert_int_equal(rc, 0);
+}
+
+void tu_destroy(vmm_arena *a) {
+  tu_check(a);
+  vmm_arena_destroy(a);
+  assert_true(fake_ledger_clean());
+}
+
+void *tu_alloc(vmm_arena *a, size_t bytes, vmm_kind kind, CUstream s) {
+  void *p = NULL;
+  vmm_status st = vmm_arena_alloc(a, bytes, kind, s, &p);
+  if (st != VMM_OK) fprintf(stderr, "alloc %zu: %s: %s\n", bytes, vmm_status_name(st), vmm_arena_last_error(a));
+  assert_int_equal(st, VMM_OK);
+  assert_non_null(p);
+  return p;
+}

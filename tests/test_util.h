@@ -1,0 +1,32 @@
+/* Shared helpers for the cmocka suites: an arena on a fresh fake driver, and the checks
+ * every test ends with (invariants hold, nothing leaked, no driver misuse). */
+#ifndef VMMARENA_TEST_UTIL_H
+#define VMMARENA_TEST_UTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "fake_driver.h"
+#include "vmmarena.h"
+
+#define MiB ((size_t)1 << 20)
+#define GiB ((size_t)1 << 30)
+
+/* Resets the fake with opts (NULL = defaults) and creates an arena with cfg (NULL = defaults
+ * with retention on); asserts success. */
+vmm_arena *tu_arena(const fake_options *opts, const vmm_config *cfg);
+/* A default config on the current fake, retention on. */
+vmm_config tu_config(void);
+/* Asserts the invariant checker passes. */
+void tu_check(vmm_arena *a);
+/* Checks, destroys the arena and asserts the fake's ledger is clean. */
+void tu_destroy(vmm_arena *a);
+/* Asserts that an allocation succeeds and returns its pointer. */
+void *tu_alloc(vmm_arena *a, size_t bytes, vmm_kind kind, CUstream s);
+/* A stream value for the fake. */
+#define TU_STREAM(n) ((CUstream)(uintptr_t)(0x5000 + (n)))
+
+#endif
