@@ -372,7 +372,8 @@ static vmm_status new_mapping(vmm_arena *a, size_t bytes, size_t rounded, vmm_ki
 
 /* Unmaps m whole and releases (or, inside an active scope, retains) its handles. A failed
  * unmap leaves m live in the table and its range out of the free list. */
-static vmm_status unmap_and_dispose(vmm_arena *a, vmm_mapping *m) {
+static vmm_status unmap_and_dispose(vmm_arena *a, vmm_mapping *m, bool *unmapped) {
+  *unmapped = false;
   int retain = a->scope == VMM_SCOPE_ACTIVE && a->retention_enabled;
   if (retain && vmm_pieces_reserve(&a->retained, m->piece_count))
     return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for the retained-handle list");
@@ -382,6 +383,7 @@ static vmm_status unmap_and_dispose(vmm_arena *a, vmm_mapping *m) {
     return vmm_fail_driver(a, r, VMM_DRV_mem_unmap, "unmapping %s %s at 0x%llx", kind_names[m->kind],
                            vmm_fmt_bytes(m->extent, b), (unsigned long long)m->base);
   }
+  *unmapped = true;
   a->mapped_bytes -= m->extent;
   vmm_stat_add(a, m->kind, m->state, m->extent, -1);
   vmm_table_remove(&a->table, m->base);
@@ -694,7 +696,8 @@ void vmm_process_deferred(vmm_arena *a) {
     }
     *link = m->pool_next;
     m->pool_next = NULL;
-    if (unmap_and_dispose(a, m) != VMM_OK && vmm_table_find(&a->table, m->base) == m) {
+    bool unmapped;
+    if (unmap_and_dispose(a, m, &unmapped) != VMM_OK && !unmapped) {
       /* The unmap failed: keep it deferred for the next attempt. */
       m->pool_next = *link;
       *link = m;
@@ -762,8 +765,9 @@ vmm_status vmm_arena_free(vmm_arena *a, void *ptr, CUstream stream) {
   }
   vmm_tag_account(a, tag, extent, -1);
   a->frees++;
-  st = unmap_and_dispose(a, m);
-  if (st != VMM_OK && vmm_table_find(&a->table, base) == m) {
+  bool unmapped;
+  st = unmap_and_dispose(a, m, &unmapped);
+  if (!unmapped) {
     /* The unmap failed: the allocation stays live; a later free retries. */
     vmm_tag_account(a, tag, extent, +1);
     a->frees--;
