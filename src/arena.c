@@ -1,6 +1,7 @@
 /* Arena: creation and destruction, allocate and free, admission (limit and headroom), the
  * out-of-memory fallback (any fitting pooled mapping, then stitching), deferred frees of
  * capturing streams. One mutex per arena; stream synchronization happens outside it. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -196,7 +197,8 @@ vmm_status vmm_arena_create(const vmm_config *cfg_in, vmm_arena **out) {
       cfg->retain == VMM_RETAIN_ON || (cfg->retain == VMM_RETAIN_AUTO && a->integrated);
   a->next_scope_id = 0;
   if (cfg->trace_path && !(a->trace = vmm_trace_open(cfg->trace_path))) {
-    st = create_fail(a, VMM_ERR_INVALID_ARGUMENT, "VMMARENA_TRACE=\"%s\": cannot open for writing", cfg->trace_path);
+    st = create_fail(a, VMM_ERR_INVALID_ARGUMENT, "VMMARENA_TRACE=\"%s\": cannot open for writing: %s", cfg->trace_path,
+                     strerror(errno));
     goto fail;
   }
   a->cfg.trace_path = NULL;
@@ -244,7 +246,39 @@ static vmm_status release_piece(vmm_arena *a, vmm_piece p, vmm_kind kind) {
                          vmm_fmt_bytes(p.size, b));
 }
 
-/* Maps m's pieces back to back at m->base and grants access; undoes itself on failure. */
+/* Records a piece whose undo unmap failed: it stays mapped, so its VA must not be handed out
+ * again; destroy unmaps it. Its handle stays with the caller (releasing a mapped handle is
+ * legal: the memory goes with the last mapping). */
+static void keep_stuck(vmm_arena *a, CUdeviceptr base, size_t size) {
+  if (a->stuck_count == a->stuck_cap) {
+    size_t cap = a->stuck_cap ? a->stuck_cap * 2 : 8;
+    vmm_reservation *grown = realloc(a->stuck, cap * sizeof *grown);
+    if (!grown) {
+      vmm_log(1, a->cfg.log_level, "vmmarena: host out of memory; mapping 0x%llx+%zu stays mapped until the process ends",
+              (unsigned long long)base, size);
+      return;
+    }
+    a->stuck = grown;
+    a->stuck_cap = cap;
+  }
+  a->stuck[a->stuck_count++] = (vmm_reservation){base, size};
+  a->stuck_bytes += size;
+}
+
+/* Returns [base, base + extent) to the free list except the pieces recorded stuck from index
+ * `first_stuck` on (map_pieces records them in address order, all inside the range). */
+static void free_range_unless_stuck(vmm_arena *a, CUdeviceptr base, size_t extent, uint32_t reservation,
+                                    size_t first_stuck) {
+  CUdeviceptr at = base, end = base + extent;
+  for (size_t k = first_stuck; k < a->stuck_count; k++) {
+    if (a->stuck[k].base > at) vmm_ranges_free(a, at, a->stuck[k].base - at, reservation);
+    at = a->stuck[k].base + a->stuck[k].size;
+  }
+  if (at < end) vmm_ranges_free(a, at, end - at, reservation);
+}
+
+/* Maps m's pieces back to back at m->base and grants access; undoes itself on failure (a
+ * piece whose unmap fails there is recorded by keep_stuck). */
 static CUresult map_pieces(vmm_arena *a, vmm_mapping *m, vmm_driver_entry *failed) {
   size_t off = 0;
   CUresult r = CUDA_SUCCESS;
@@ -264,7 +298,8 @@ static CUresult map_pieces(vmm_arena *a, vmm_mapping *m, vmm_driver_entry *faile
   }
   /* Undo the pieces mapped so far, one by one (each is a whole mapping). */
   for (size_t done = 0, j = 0; j < i; done += m->pieces[j].size, j++)
-    (void)VMM_DRV(a, mem_unmap, m->base + done, m->pieces[j].size);
+    if (VMM_DRV(a, mem_unmap, m->base + done, m->pieces[j].size) != CUDA_SUCCESS)
+      keep_stuck(a, m->base + done, m->pieces[j].size);
   return r;
 }
 
@@ -288,8 +323,11 @@ static vmm_status admit(vmm_arena *a, size_t bytes, size_t rounded, vmm_kind kin
   char b[4][32];
   if (a->cfg.limit_bytes && (a->physical_bytes > a->cfg.limit_bytes || rounded > a->cfg.limit_bytes - a->physical_bytes)) {
     a->limit_refusals++;
-    return refuse(a, "limit", bytes, rounded, kind, "limit %s < %s held + %s requested", vmm_fmt_bytes(a->cfg.limit_bytes, b[0]),
-                  vmm_fmt_bytes(a->physical_bytes, b[1]), vmm_fmt_bytes(rounded, b[2]));
+    /* Exact bytes too: rounded units cannot tell a limit of 16 MiB - 1 from 16 MiB. */
+    return refuse(a, "limit", bytes, rounded, kind, "limit %s < %s held + %s requested (limit %zu B, %llu B required)",
+                  vmm_fmt_bytes(a->cfg.limit_bytes, b[0]), vmm_fmt_bytes(a->physical_bytes, b[1]),
+                  vmm_fmt_bytes(rounded, b[2]), a->cfg.limit_bytes,
+                  (unsigned long long)a->physical_bytes + (unsigned long long)rounded);
   }
   if (!a->cfg.headroom_bytes) return VMM_OK;
   size_t found = 0, total = 0;
@@ -306,8 +344,10 @@ static vmm_status admit(vmm_arena *a, size_t bytes, size_t rounded, vmm_kind kin
     if (r != CUDA_SUCCESS)
       return vmm_fail_driver(a, r, VMM_DRV_mem_get_info, "reading device free memory for the headroom check");
   }
-  size_t required = rounded + a->cfg.headroom_bytes;
-  if (required < rounded || found < required) {
+  /* A sum past SIZE_MAX is refused and reported as SIZE_MAX, not as its wrapped value. */
+  int overflow = rounded > SIZE_MAX - a->cfg.headroom_bytes;
+  size_t required = overflow ? SIZE_MAX : rounded + a->cfg.headroom_bytes;
+  if (overflow || found < required) {
     a->headroom_refusals++;
     return refuse(a, "headroom", bytes, rounded, kind, "%s %s (%zu B) < %s + headroom %s (%zu B required)", figure,
                   vmm_fmt_bytes(found, b[0]), found, vmm_fmt_bytes(rounded, b[1]),
@@ -339,7 +379,8 @@ static vmm_status new_mapping(vmm_arena *a, size_t bytes, size_t rounded, vmm_ki
       return refuse(a, "driver", bytes, rounded, kind, "cuMemCreate returned CUDA_ERROR_OUT_OF_MEMORY");
     }
     char b[32];
-    return vmm_fail_driver(a, r, VMM_DRV_mem_create, "creating %s of physical memory", vmm_fmt_bytes(rounded, b));
+    return vmm_fail_driver(a, r, VMM_DRV_mem_create, "%s %s (requested %zu B, rounded %zu B): creating physical memory",
+                           kind_names[kind], vmm_fmt_bytes(rounded, b), bytes, rounded);
   }
   add_physical(a, rounded);
   m->one = (vmm_piece){h, rounded};
@@ -349,6 +390,7 @@ static vmm_status new_mapping(vmm_arena *a, size_t bytes, size_t rounded, vmm_ki
   st = vmm_ranges_alloc(a, rounded, &m->base, &m->reservation);
   if (st == VMM_OK) {
     vmm_driver_entry failed = VMM_DRV_mem_map;
+    size_t first_stuck = a->stuck_count;
     r = map_pieces(a, m, &failed);
     if (r == CUDA_SUCCESS) {
       add_mapped(a, rounded);
@@ -358,9 +400,10 @@ static vmm_status new_mapping(vmm_arena *a, size_t bytes, size_t rounded, vmm_ki
       *out = m;
       return VMM_OK;
     }
-    vmm_ranges_free(a, m->base, rounded, m->reservation);
+    free_range_unless_stuck(a, m->base, rounded, m->reservation, first_stuck);
     char b[32];
-    st = vmm_fail_driver(a, r, failed, "mapping %s at 0x%llx", vmm_fmt_bytes(rounded, b), (unsigned long long)m->base);
+    st = vmm_fail_driver(a, r, failed, "%s %s (requested %zu B, rounded %zu B): mapping at 0x%llx", kind_names[kind],
+                         vmm_fmt_bytes(rounded, b), bytes, rounded, (unsigned long long)m->base);
   }
   char keep[sizeof a->last_error];
   memcpy(keep, a->last_error, sizeof keep);
@@ -464,11 +507,13 @@ static void become_live(vmm_arena *a, vmm_mapping *m, size_t bytes, CUstream str
 
 /* ---- Stitching ----------------------------------------------------------------------- */
 
-/* Maps back the candidates [0, n) at their old bases; one that cannot be mapped back gives
- * its handles to the retained list (released at finish) and its range to the free list. */
+/* Maps back the candidates [0, n) at their old bases, last first, so that each LIFO bucket
+ * gets them back in their old order; one that cannot be mapped back gives its handles to the
+ * retained list (released at finish) and its range to the free list. */
 static void restore_candidates(vmm_arena *a, vmm_mapping **c, size_t n) {
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = n; i-- > 0;) {
     vmm_driver_entry failed;
+    size_t first_stuck = a->stuck_count;
     if (map_pieces(a, c[i], &failed) == CUDA_SUCCESS) {
       add_mapped(a, c[i]->extent);
       vmm_pool_push(&a->pool, c[i]); /* cannot fail: the take freed a bucket or kept one */
@@ -476,7 +521,7 @@ static void restore_candidates(vmm_arena *a, vmm_mapping **c, size_t n) {
     }
     vmm_stat_add(a, c[i]->kind, VMM_MAP_POOLED, c[i]->extent, -1);
     vmm_table_remove(&a->table, c[i]->base);
-    vmm_ranges_free(a, c[i]->base, c[i]->extent, c[i]->reservation);
+    free_range_unless_stuck(a, c[i]->base, c[i]->extent, c[i]->reservation, first_stuck);
     for (uint32_t j = 0; j < c[i]->piece_count; j++) {
       if (vmm_pieces_push(&a->retained, c[i]->pieces[j], c[i]->kind) == 0) {
         a->kind[c[i]->kind].retained_count++;
@@ -528,8 +573,8 @@ static vmm_status stitch(vmm_arena *a, size_t rounded, reuse_ctx *rc, vmm_mappin
   for (size_t i = 0; i < n; i++) {
     CUresult r = VMM_DRV(a, mem_unmap, c[i]->base, c[i]->extent);
     if (r != CUDA_SUCCESS) {
+      for (size_t j = n; j-- > i;) vmm_pool_push(&a->pool, c[j]); /* still mapped; last first */
       restore_candidates(a, c, i);
-      for (size_t j = i; j < n; j++) vmm_pool_push(&a->pool, c[j]);
       vmm_ranges_free(a, s->base, s->extent, s->reservation);
       record_free(s);
       st = vmm_fail_driver(a, r, VMM_DRV_mem_unmap, "unmapping a pooled mapping for stitching");
@@ -539,10 +584,11 @@ static vmm_status stitch(vmm_arena *a, size_t rounded, reuse_ctx *rc, vmm_mappin
     for (uint32_t j = 0; j < c[i]->piece_count; j++) list[k++] = c[i]->pieces[j];
   }
   vmm_driver_entry failed = VMM_DRV_mem_map;
+  size_t first_stuck = a->stuck_count;
   CUresult r = map_pieces(a, s, &failed);
   if (r != CUDA_SUCCESS) {
+    free_range_unless_stuck(a, s->base, s->extent, s->reservation, first_stuck);
     restore_candidates(a, c, n);
-    vmm_ranges_free(a, s->base, s->extent, s->reservation);
     record_free(s);
     st = vmm_fail_driver(a, r, failed, "mapping %zu stitched handles", pieces);
     goto out;
@@ -686,10 +732,23 @@ static vmm_status refuse_pointer(vmm_arena *a, CUdeviceptr p, vmm_mapping *m) {
                   (unsigned long long)p, a->cfg.device, a->table.count);
 }
 
+/* Moves m to its aborted scope's abandoned memory: no driver call until destroy. */
+static void abandon(vmm_arena *a, vmm_mapping *m) {
+  vmm_stat_add(a, m->kind, m->state, m->extent, -1);
+  m->state = VMM_MAP_ABANDONED;
+  vmm_stat_add(a, m->kind, m->state, m->extent, +1);
+}
+
 void vmm_process_deferred(vmm_arena *a) {
   vmm_mapping **link = &a->deferred_head;
   while (*link) {
     vmm_mapping *m = *link;
+    if (vmm_scope_aborted(a, m->scope_id)) { /* aborted while its free waited for the capture */
+      *link = m->pool_next;
+      m->pool_next = NULL;
+      abandon(a, m);
+      continue;
+    }
     if (stream_capturing(a, m->stream) || VMM_DRV(a, stream_synchronize, m->stream) != CUDA_SUCCESS) {
       link = &m->pool_next;
       continue;
@@ -728,9 +787,7 @@ vmm_status vmm_arena_free(vmm_arena *a, void *ptr, CUstream stream) {
   tag = m->tag;
   if (a->deferred_head) vmm_process_deferred(a);
   if (vmm_scope_aborted(a, m->scope_id)) {
-    vmm_stat_add(a, m->kind, m->state, m->extent, -1);
-    m->state = VMM_MAP_ABANDONED;
-    vmm_stat_add(a, m->kind, m->state, m->extent, +1);
+    abandon(a, m);
     goto freed;
   }
   if (a->scope == VMM_SCOPE_ACTIVE && a->retention_enabled && m->kind == VMM_KIND_TRANSIENT) {
@@ -762,6 +819,10 @@ vmm_status vmm_arena_free(vmm_arena *a, void *ptr, CUstream stream) {
     st = vmm_fail_driver(a, r, VMM_DRV_stream_synchronize, "synchronizing stream %p before freeing 0x%llx", (void *)stream,
                          (unsigned long long)base);
     goto done;
+  }
+  if (vmm_scope_aborted(a, m->scope_id)) { /* aborted while the stream synchronized, unlocked */
+    abandon(a, m);
+    goto freed;
   }
   vmm_tag_account(a, tag, extent, -1);
   a->frees++;
@@ -830,6 +891,13 @@ void vmm_arena_destroy(vmm_arena *a) {
   vmm_table_foreach(&a->table, i, m) vmm_mapping_destroy_record(a, m);
   release_list(a, &a->retained);
   release_list(a, &a->abandoned);
+  for (size_t i = 0; i < a->stuck_count; i++) {
+    CUresult r = VMM_DRV(a, mem_unmap, a->stuck[i].base, a->stuck[i].size);
+    if (r != CUDA_SUCCESS)
+      vmm_log(1, a->cfg.log_level, "vmmarena: destroy: cuMemUnmap(0x%llx, %zu) failed again: %s",
+              (unsigned long long)a->stuck[i].base, a->stuck[i].size, vmm_cu_error_name(a->drv, r));
+  }
+  free(a->stuck);
   vmm_pool_fini(&a->pool);
   vmm_table_fini(&a->table);
   vmm_ranges_fini(a);
@@ -852,7 +920,7 @@ vmm_status vmm_arena_trace(vmm_arena *a, const char *path) {
   vmm_trace_close(a->trace);
   a->trace = NULL;
   if (path && !(a->trace = vmm_trace_open(path)))
-    st = vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "trace \"%s\": cannot open for writing", path);
+    st = vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "trace \"%s\": cannot open for writing: %s", path, strerror(errno));
   pthread_mutex_unlock(&a->lock);
   return st;
 }

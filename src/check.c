@@ -81,9 +81,9 @@ int vmm_arena_check(vmm_arena *a, char *why, size_t cap) {
              (unsigned long long)physical);
     goto out;
   }
-  if (a->ranges.free_bytes + mapped != a->ranges.reserved_bytes) {
-    snprintf(tmp, sizeof tmp, "VA accounting: %zu free + %llu mapped != %zu reserved", a->ranges.free_bytes,
-             (unsigned long long)mapped, a->ranges.reserved_bytes);
+  if (a->ranges.free_bytes + mapped + a->stuck_bytes != a->ranges.reserved_bytes) {
+    snprintf(tmp, sizeof tmp, "VA accounting: %zu free + %llu mapped + %zu stuck != %zu reserved", a->ranges.free_bytes,
+             (unsigned long long)mapped, a->stuck_bytes, a->ranges.reserved_bytes);
     goto out;
   }
   rc = 0;

@@ -29,10 +29,12 @@ static vmm_status parse_size(const char *text, size_t *bytes, const char **why) 
     if (whole > UINT64_MAX) return *why = "size overflows 64 bits", VMM_ERR_INVALID_ARGUMENT;
   }
   unsigned __int128 frac = 0, frac_div = 1;
+  int frac_nonzero = 0; /* any digit after the point, also past the 18 that are kept */
   if (*p == '.') {
     p++;
     if (!isdigit((unsigned char)*p)) return *why = "a decimal point needs digits after it", VMM_ERR_INVALID_ARGUMENT;
     while (isdigit((unsigned char)*p)) {
+      frac_nonzero |= *p != '0';
       if (frac_div < 1000000000000000000ull) {
         frac = frac * 10 + (unsigned)(*p - '0');
         frac_div *= 10;
@@ -52,7 +54,7 @@ static vmm_status parse_size(const char *text, size_t *bytes, const char **why) 
   if (shift && (p[0] == 'i' || p[0] == 'I') && (p[1] == 'B' || p[1] == 'b')) p += 2;
   else if (*p == 'B' || *p == 'b') p++;
   if (*p != '\0') return *why = "unexpected characters after the size (units: K, M, G, T, P)", VMM_ERR_INVALID_ARGUMENT;
-  if (!shift && frac != 0) return *why = "a fraction of a byte", VMM_ERR_INVALID_ARGUMENT;
+  if (!shift && frac_nonzero) return *why = "a fraction of a byte", VMM_ERR_INVALID_ARGUMENT;
   unsigned __int128 mult = (unsigned __int128)1 << shift;
   unsigned __int128 total = whole * mult + frac * mult / frac_div;
   if (total > SIZE_MAX) return *why = "size overflows 64 bits", VMM_ERR_INVALID_ARGUMENT;
@@ -63,6 +65,7 @@ static vmm_status parse_size(const char *text, size_t *bytes, const char **why) 
 vmm_status vmm_parse_size(const char *text, size_t *bytes) {
   const char *why = NULL;
   size_t v;
+  if (!bytes) return usage("size", text, "NULL result pointer");
   vmm_status s = parse_size(text, &v, &why);
   if (s != VMM_OK) return usage("size", text, why);
   *bytes = v;
@@ -106,10 +109,10 @@ static vmm_status set_size(const char *env, const char *value, size_t *out, int 
 }
 
 static vmm_status set_reuse(const char *env, const char *value, vmm_config *cfg) {
-  if (!strcmp(value, "exact")) return cfg->reuse = VMM_REUSE_EXACT, cfg->reuse_bound = 1.0, VMM_OK;
-  if (!strcmp(value, "best-fit")) return cfg->reuse = VMM_REUSE_BEST_FIT, VMM_OK;
-  if (!strcmp(value, "none")) return cfg->reuse = VMM_REUSE_NONE, VMM_OK;
-  if (!strncmp(value, "bounded:", 8)) {
+  if (!strcasecmp(value, "exact")) return cfg->reuse = VMM_REUSE_EXACT, cfg->reuse_bound = 1.0, VMM_OK;
+  if (!strcasecmp(value, "best-fit")) return cfg->reuse = VMM_REUSE_BEST_FIT, VMM_OK;
+  if (!strcasecmp(value, "none")) return cfg->reuse = VMM_REUSE_NONE, VMM_OK;
+  if (!strncasecmp(value, "bounded:", 8)) {
     const char *f = value + 8;
     char *end = NULL;
     errno = 0;

@@ -178,6 +178,8 @@ struct vmm_arena {
   vmm_mapping *deferred_head;  /* frees waiting for a capture to end */
   vmm_piece_list retained;     /* unmapped handles whose release is deferred */
   vmm_piece_list abandoned;    /* unmapped handles of aborted scopes, released at destroy */
+  vmm_reservation *stuck;      /* pieces a failed undo left mapped: VA kept out of the free list, unmapped at destroy */
+  size_t stuck_count, stuck_cap, stuck_bytes;
 
   vmm_scope_state scope;
   uint64_t scope_id, next_scope_id;

@@ -1,4 +1,5 @@
 /* Snapshot: the C struct and the JSON document (schema in docs/snapshot.md). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -71,14 +72,17 @@ static void put(jw *w, const char *s, size_t n) {
 
 static void puts_(jw *w, const char *s) { put(w, s, strlen(s)); }
 
+/* Formats straight into the buffer, so no item is cut however long. vsnprintf's NUL lands
+ * where the next write (or the document's own NUL) goes; text that does not fit means the
+ * document does not fit either, which the caller reports. */
 static void printf_(jw *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void printf_(jw *w, const char *fmt, ...) {
-  char tmp[128];
+  size_t room = w->len < w->cap ? w->cap - w->len : 0;
   va_list ap;
   va_start(ap, fmt);
-  int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+  int n = vsnprintf(room ? w->buf + w->len : NULL, room, fmt, ap);
   va_end(ap);
-  if (n > 0) put(w, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+  if (n > 0) w->len += (size_t)n;
 }
 
 /* Writes s as a JSON string: quotes, backslashes and control bytes escaped; bytes that are
@@ -170,8 +174,10 @@ vmm_status vmm_arena_snapshot_json(vmm_arena *a, char *buf, size_t cap, size_t *
           s.integrated ? "true" : "false");
   printf_(&w, "\"retention\":{\"mode\":\"%s\",\"enabled\":%s},", retain_modes[a->cfg.retain],
           s.retention_enabled ? "true" : "false");
-  printf_(&w, "\"reuse\":{\"policy\":\"%s\",\"bound\":%g,\"stitch\":%s},", vmm_reuse_policy_name(s.reuse), s.reuse_bound,
-          a->cfg.stitch ? "true" : "false");
+  printf_(&w, "\"reuse\":{\"policy\":\"%s\",\"bound\":", vmm_reuse_policy_name(s.reuse));
+  if (isfinite(s.reuse_bound)) printf_(&w, "%g", s.reuse_bound);
+  else puts_(&w, "null"); /* JSON has no inf or nan */
+  printf_(&w, ",\"stitch\":%s},", a->cfg.stitch ? "true" : "false");
   kv_u64(&w, "granularity", s.granularity, 0);
   kv_u64(&w, "headroom_bytes", s.headroom_bytes, 1);
   kv_u64(&w, "limit_bytes", s.limit_bytes, 1);

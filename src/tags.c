@@ -45,7 +45,7 @@ static uint32_t intern(const char *tag) {
     }
   }
   if ((name_count + 1) * 2 > index_cap && index_grow()) goto out;
-  if (name_count == name_cap) {
+  if (name_count >= name_cap) { /* ids start at 1, so the first tag finds name_count 1 > name_cap 0 */
     uint32_t cap = name_cap ? name_cap * 2 : 64;
     char **grown = realloc(names, cap * sizeof *grown);
     if (!grown) goto out;

@@ -8,6 +8,7 @@
 struct vmm_trace_writer {
   FILE *f;
   char *buf;
+  uint64_t start_ns; /* vmm_now_ns() at open: lines carry times since then */
 };
 
 static const char *const op_names[] = {"alloc", "free", "begin", "finish", "abort"};
@@ -23,6 +24,7 @@ size_t vmm_trace_format(const vmm_trace_record *r, char *buf, size_t cap) {
     else n += (size_t)snprintf(tag + n, sizeof tag - n, "%%%02X", *p);
   }
   if (n == 0) tag[n++] = '-';
+  else if (n == 1 && tag[0] == '-') n = (size_t)snprintf(tag, sizeof tag, "%%2D"); /* the tag "-", not "none" */
   tag[n] = '\0';
   const char *kind = r->kind >= 0 && r->kind < VMM_KIND_COUNT ? kind_names[r->kind] : "-";
   const char *op = (unsigned)r->op < 5 ? op_names[r->op] : "?";
@@ -36,10 +38,13 @@ vmm_trace_writer *vmm_trace_open(const char *path) {
   vmm_trace_writer *w = calloc(1, sizeof *w);
   if (!w) return NULL;
   w->f = fopen(path, "w");
+  int e = errno; /* fopen's reason, before malloc can touch errno */
   w->buf = malloc(1 << 20);
   if (!w->f || !w->buf) {
-    int e = errno;
-    if (w->f) fclose(w->f);
+    if (w->f) {
+      fclose(w->f);
+      e = ENOMEM;
+    }
     free(w->buf);
     free(w);
     errno = e;
@@ -47,12 +52,15 @@ vmm_trace_writer *vmm_trace_open(const char *path) {
   }
   setvbuf(w->f, w->buf, _IOFBF, 1 << 20);
   fputs("vmmtrace 1\n", w->f);
+  w->start_ns = vmm_now_ns();
   return w;
 }
 
 void vmm_trace_write(vmm_trace_writer *w, const vmm_trace_record *rec) {
   char line[1200];
-  size_t n = vmm_trace_format(rec, line, sizeof line);
+  vmm_trace_record r = *rec;
+  r.t_ns = rec->t_ns > w->start_ns ? rec->t_ns - w->start_ns : 0;
+  size_t n = vmm_trace_format(&r, line, sizeof line);
   if (n < sizeof line) fwrite(line, 1, n, w->f);
 }
 
@@ -123,6 +131,7 @@ int vmm_trace_parse_line(const char *line, size_t len, vmm_trace_record *rec, co
   if (n == 8 && !memcmp(s, "vmmtrace", 8)) {
     n = field(&c, &s);
     if (n != 1 || s[0] != '1') BAD("unsupported trace version (expected 'vmmtrace 1')");
+    if (field(&c, &s)) BAD("extra fields after 'vmmtrace 1'");
     return 0;
   }
   memset(rec, 0, sizeof *rec);
@@ -150,8 +159,8 @@ int vmm_trace_parse_line(const char *line, size_t len, vmm_trace_record *rec, co
       unsigned char ch = (unsigned char)s[i];
       if (ch == '%') {
         int hi, lo;
-        if (i + 2 >= n + 0 && i + 2 > n - 1 + 1) BAD("truncated %XX escape in tag");
-        if (i + 2 >= n + 1 || (hi = hexval(s[i + 1])) < 0 || (lo = hexval(s[i + 2])) < 0) BAD("bad %XX escape in tag");
+        if (i + 2 >= n) BAD("truncated %XX escape in tag");
+        if ((hi = hexval(s[i + 1])) < 0 || (lo = hexval(s[i + 2])) < 0) BAD("bad %XX escape in tag");
         ch = (unsigned char)(hi * 16 + lo);
         if (ch == 0) BAD("NUL byte in tag");
         i += 2;
@@ -173,6 +182,9 @@ int vmm_trace_parse_line(const char *line, size_t len, vmm_trace_record *rec, co
   rec->result = result;
   n = field(&c, &s);
   if (n != 0) BAD("extra fields after the result");
-  if ((rec->op == VMM_TRACE_ALLOC || rec->op == VMM_TRACE_FREE) && rec->kind < 0) BAD("alloc and free need a kind");
+  /* A failed alloc or free may have no kind (an unknown pointer, a bad kind argument). */
+  int memory_op = rec->op == VMM_TRACE_ALLOC || rec->op == VMM_TRACE_FREE;
+  if (memory_op && rec->kind < 0 && rec->result == VMM_OK) BAD("a successful alloc or free needs a kind");
+  if (!memory_op && rec->kind >= 0) BAD("begin, finish and abort take no kind ('-')");
   return 1;
 }

@@ -4,9 +4,11 @@
  *   <t_ns> <op> <kind> <requested> <rounded> <ptr> <stream> <tag> <result>
  *
  * t_ns: nanoseconds since the trace started; op: alloc | free | begin | finish | abort;
- * kind: package | transient | - ; requested and rounded: decimal bytes (0 for scope ops);
+ * kind: package | transient | - (scope ops, and a failed alloc or free that has no kind);
+ * requested and rounded: decimal bytes (0 for scope ops);
  * ptr and stream: 0x-prefixed hex; tag: the tag with '%', ' ', control bytes and bytes >= 0x7f
- * written as %XX, or '-' for none; result: a status name (VMM_OK, VMM_ERR_...).
+ * written as %XX (the tag "-" itself as %2D), or '-' for none; result: a status name (VMM_OK,
+ * VMM_ERR_...).
  * Lines starting with '#' are comments. */
 #ifndef VMMARENA_TRACE_H
 #define VMMARENA_TRACE_H
@@ -43,6 +45,7 @@ typedef struct vmm_trace_writer vmm_trace_writer;
 
 /* Opens path for writing (buffered); NULL on failure with errno set. */
 vmm_trace_writer *vmm_trace_open(const char *path);
+/* rec->t_ns is a CLOCK_MONOTONIC time in ns; the line carries it as time since the open. */
 void vmm_trace_write(vmm_trace_writer *w, const vmm_trace_record *rec);
 void vmm_trace_close(vmm_trace_writer *w);
 

@@ -1,0 +1,228 @@
+/* GPU benchmark of one allocate + free pair, on device 0, at 2 MiB, 32 MiB, 512 MiB and 4 GiB:
+ *
+ *   hit         vmmarena inside a retention scope: the free pools the mapping, the allocation
+ *               on the same stream takes it back (no driver call)
+ *   miss        vmmarena outside a scope: create, map, set access; synchronize, unmap, release
+ *   raw VMM     cuMemCreate + cuMemMap + cuMemSetAccess, cuMemUnmap + cuMemRelease, into a
+ *               range reserved once
+ *   cudaMalloc  cudaMalloc + cudaFree
+ *   mallocAsync cudaMallocAsync + cudaFreeAsync on a stream, from the device's default pool
+ *               kept warm (release threshold: never trim)
+ *
+ * Each figure is the median wall time of many pairs (fewer at 4 GiB), after one warm-up pair.
+ * Targets: a pool hit at least 5x faster than a warm mallocAsync pair; a miss within 5% of raw
+ * VMM. Prints the table and one PASS or MISS line per target and size; exits 1 only if a call
+ * fails (a missed target is reported, not an error).
+ * Needs an NVIDIA GPU with about 5 GiB free. */
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "vmmarena.h"
+
+#define MIB ((size_t)1 << 20)
+#define GIB ((size_t)1 << 30)
+
+typedef struct bench_size {
+  size_t bytes;
+  int reps;
+} bench_size;
+
+static const bench_size sizes[] = {{2 * MIB, 2000}, {32 * MIB, 1000}, {512 * MIB, 200}, {4 * GIB, 25}};
+#define SIZE_COUNT (sizeof sizes / sizeof sizes[0])
+#define MAX_REPS 2000
+
+enum { M_HIT, M_MISS, M_RAW, M_MALLOC, M_ASYNC, METHOD_COUNT };
+static const char *const method_names[METHOD_COUNT] = {"hit", "miss", "raw VMM", "cudaMalloc", "mallocAsync"};
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static void fail_cu(const char *what, CUresult r, size_t bytes) {
+  const char *name = NULL;
+  cuGetErrorName(r, &name);
+  fprintf(stderr, "bench_gpu: %s (%zu bytes) failed: %s (%d)\n", what, bytes, name ? name : "?", (int)r);
+  exit(1);
+}
+
+static void fail_rt(const char *what, cudaError_t e, size_t bytes) {
+  fprintf(stderr, "bench_gpu: %s (%zu bytes) failed: %s (%d)\n", what, bytes, cudaGetErrorName(e), (int)e);
+  exit(1);
+}
+
+static void fail_vmm(const char *what, vmm_status s, vmm_arena *a, size_t bytes) {
+  fprintf(stderr, "bench_gpu: %s (%zu bytes) failed: %s: %s\n", what, bytes, vmm_status_name(s),
+          a ? vmm_arena_last_error(a) : vmm_create_error());
+  exit(1);
+}
+
+#define CU(call, bytes)                                  \
+  do {                                                   \
+    CUresult r_ = (call);                                \
+    if (r_ != CUDA_SUCCESS) fail_cu(#call, r_, (bytes)); \
+  } while (0)
+#define RT(call, bytes)                                  \
+  do {                                                   \
+    cudaError_t e_ = (call);                             \
+    if (e_ != cudaSuccess) fail_rt(#call, e_, (bytes));  \
+  } while (0)
+#define VMM(call, arena, bytes)                                 \
+  do {                                                          \
+    vmm_status s_ = (call);                                     \
+    if (s_ != VMM_OK) fail_vmm(#call, s_, (arena), (bytes));    \
+  } while (0)
+
+typedef struct ctx {
+  vmm_arena *arena;
+  cudaStream_t stream;
+  CUdeviceptr va; /* reserved once for the raw VMM pairs */
+  size_t va_size;
+  CUmemAllocationProp prop;
+  CUmemAccessDesc access;
+} ctx;
+
+static void pair_vmm(ctx *c, size_t bytes) {
+  void *p = NULL;
+  VMM(vmm_arena_alloc(c->arena, bytes, VMM_KIND_TRANSIENT, (CUstream)c->stream, &p), c->arena, bytes);
+  VMM(vmm_arena_free(c->arena, p, (CUstream)c->stream), c->arena, bytes);
+}
+
+static void pair_raw(ctx *c, size_t bytes) {
+  CUmemGenericAllocationHandle h;
+  CU(cuMemCreate(&h, bytes, &c->prop, 0), bytes);
+  CU(cuMemMap(c->va, bytes, 0, h, 0), bytes);
+  CU(cuMemSetAccess(c->va, bytes, &c->access, 1), bytes);
+  CU(cuMemUnmap(c->va, bytes), bytes);
+  CU(cuMemRelease(h), bytes);
+}
+
+static void pair_malloc(ctx *c, size_t bytes) {
+  (void)c;
+  void *p = NULL;
+  RT(cudaMalloc(&p, bytes), bytes);
+  RT(cudaFree(p), bytes);
+}
+
+static void pair_async(ctx *c, size_t bytes) {
+  void *p = NULL;
+  RT(cudaMallocAsync(&p, bytes, c->stream), bytes);
+  RT(cudaFreeAsync(p, c->stream), bytes);
+}
+
+/* Median microseconds of `reps` pairs, after one warm-up pair. */
+static double measure(void (*pair)(ctx *, size_t), ctx *c, size_t bytes, int reps) {
+  static double samples[MAX_REPS];
+  pair(c, bytes);
+  for (int i = 0; i < reps; i++) {
+    double t0 = now_us();
+    pair(c, bytes);
+    samples[i] = now_us() - t0;
+  }
+  RT(cudaStreamSynchronize(c->stream), bytes);
+  return median(samples, reps);
+}
+
+static const char *size_name(size_t bytes, char buf[16]) {
+  if (bytes >= GIB) snprintf(buf, 16, "%zu GiB", bytes / GIB);
+  else snprintf(buf, 16, "%zu MiB", bytes / MIB);
+  return buf;
+}
+
+int main(void) {
+  ctx c;
+  memset(&c, 0, sizeof c);
+  RT(cudaSetDevice(0), 0);
+  RT(cudaFree(0), 0); /* creates the primary context and makes it current */
+  RT(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking), 0);
+  cudaMemPool_t pool;
+  RT(cudaDeviceGetDefaultMemPool(&pool, 0), 0);
+  uint64_t keep_everything = UINT64_MAX;
+  RT(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_everything), 0);
+
+  c.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  c.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  c.prop.location.id = 0;
+  c.access.location = c.prop.location;
+  c.access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  size_t granularity = 0;
+  CU(cuMemGetAllocationGranularity(&granularity, &c.prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED), 0);
+  c.va_size = sizes[SIZE_COUNT - 1].bytes;
+  CU(cuMemAddressReserve(&c.va, c.va_size, granularity, 0, 0), c.va_size);
+
+  vmm_config cfg;
+  vmm_config_init(&cfg);
+  cfg.retain = VMM_RETAIN_ON;
+  cfg.reuse = VMM_REUSE_EXACT;
+  VMM(vmm_arena_create(&cfg, &c.arena), NULL, 0);
+
+  double us[SIZE_COUNT][METHOD_COUNT];
+  for (size_t i = 0; i < SIZE_COUNT; i++) {
+    size_t bytes = sizes[i].bytes;
+    int reps = sizes[i].reps;
+    us[i][M_MISS] = measure(pair_vmm, &c, bytes, reps);
+    VMM(vmm_retention_begin(c.arena), c.arena, bytes);
+    us[i][M_HIT] = measure(pair_vmm, &c, bytes, reps);
+    VMM(vmm_retention_finish(c.arena), c.arena, bytes);
+    us[i][M_RAW] = measure(pair_raw, &c, bytes, reps);
+    us[i][M_MALLOC] = measure(pair_malloc, &c, bytes, reps);
+    us[i][M_ASYNC] = measure(pair_async, &c, bytes, reps);
+    RT(cudaMemPoolTrimTo(pool, 0), bytes);
+  }
+  vmm_snapshot snap;
+  VMM(vmm_arena_snapshot(c.arena, &snap), c.arena, 0);
+
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  struct cudaDeviceProp dp;
+  RT(cudaGetDeviceProperties(&dp, 0), 0);
+  printf("bench_gpu: %s, driver %d, runtime %d, granularity %zu MiB; median us per alloc+free pair\n\n", dp.name,
+         driver, runtime, granularity / MIB);
+  printf("| size    |");
+  for (int m = 0; m < METHOD_COUNT; m++) printf(" %11s |", method_names[m]);
+  printf(" mallocAsync/hit | miss/raw |\n|---------|");
+  for (int m = 0; m < METHOD_COUNT; m++) printf("-------------|");
+  printf("-----------------|----------|\n");
+  char name[16];
+  for (size_t i = 0; i < SIZE_COUNT; i++) {
+    printf("| %-7s |", size_name(sizes[i].bytes, name));
+    for (int m = 0; m < METHOD_COUNT; m++) printf(" %11.2f |", us[i][m]);
+    printf(" %14.1fx | %8.3f |\n", us[i][M_ASYNC] / us[i][M_HIT], us[i][M_MISS] / us[i][M_RAW]);
+  }
+  printf("\n");
+  int met = 0;
+  for (size_t i = 0; i < SIZE_COUNT; i++) {
+    double speedup = us[i][M_ASYNC] / us[i][M_HIT], overhead = us[i][M_MISS] / us[i][M_RAW];
+    int hit_ok = speedup >= 5.0, miss_ok = overhead <= 1.05;
+    met += hit_ok + miss_ok;
+    size_name(sizes[i].bytes, name);
+    printf("%s %s pool hit %.2f us vs warm cudaMallocAsync %.2f us: %.1fx faster (target >= 5x)\n",
+           hit_ok ? "PASS" : "MISS", name, us[i][M_HIT], us[i][M_ASYNC], speedup);
+    printf("%s %s miss %.2f us vs raw VMM %.2f us: %+.1f%% (target within 5%%)\n", miss_ok ? "PASS" : "MISS", name,
+           us[i][M_MISS], us[i][M_RAW], 100.0 * (overhead - 1.0));
+  }
+  printf("%d of %zu targets met\n", met, 2 * SIZE_COUNT);
+  printf("\narena: %llu pool hits, %llu pool misses, %llu cuMemCreate calls\n", (unsigned long long)snap.pool_hits,
+         (unsigned long long)snap.pool_misses, (unsigned long long)snap.driver[VMM_DRV_mem_create].calls);
+  vmm_arena_destroy(c.arena);
+  CU(cuMemAddressFree(c.va, c.va_size), c.va_size);
+  RT(cudaStreamDestroy(c.stream), 0);
+  return 0;
+}

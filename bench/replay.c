@@ -1,0 +1,800 @@
+/* vmmarena-replay: replays an operation trace (docs/trace.md) under every retention and reuse
+ * policy in one run and prints one table: peak physical and reserved VA, driver calls by entry
+ * point, pool hit rate, allocations refused for want of memory, and the replay's wall time.
+ *
+ *   vmmarena-replay [--driver fake|cuda] [--capacity SIZE] [--granularity SIZE]
+ *                   [--csv OUT.csv] [--plot OUT.png] [TRACE]
+ *
+ * TRACE is a trace file, plain or gzip (decompressed by `gzip -dc`); without it the trace
+ * compiled into the binary is replayed. Only operations the trace records as successful are
+ * replayed; an allocation the replay cannot place (out of memory) is counted and skipped
+ * together with its later free. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fake_driver.h"
+#include "vmmarena.h"
+#include "vmmarena/trace.h"
+
+#define GIB ((size_t)1 << 30)
+/* Capacity of the fake driver without --capacity: more than any trace asks for. */
+#define UNBOUNDED_CAPACITY ((size_t)1 << 50)
+#define FAKE_VA_SPACE ((size_t)1 << 46)
+/* Exit status of plot_replay.py when matplotlib cannot be imported. */
+#define PLOT_NO_MATPLOTLIB 3
+
+extern const unsigned char vmmarena_default_trace[];
+extern const size_t vmmarena_default_trace_size;
+extern const char vmmarena_default_trace_name[];
+
+/* ---- Options ------------------------------------------------------------------------- */
+
+typedef enum driver_kind { DRIVER_FAKE, DRIVER_CUDA } driver_kind;
+
+typedef struct options {
+  driver_kind driver;
+  size_t capacity;    /* 0 = unbounded (fake) or no limit (cuda) */
+  size_t granularity; /* fake only; 0 = the fake's default */
+  const char *csv, *plot, *trace;
+} options;
+
+static void usage(FILE *f) {
+  fputs("usage: vmmarena-replay [--driver fake|cuda] [--capacity SIZE] [--granularity SIZE]\n"
+        "                       [--csv OUT.csv] [--plot OUT.png] [TRACE]\n"
+        "  TRACE          trace file (plain or gzip); default: the trace built into this binary\n"
+        "  --driver       fake (default: simulated driver, no GPU needed) or cuda (device 0)\n"
+        "  --capacity     physical memory of the fake device, or the arena limit with cuda (e.g. 96G)\n"
+        "  --granularity  allocation granularity of the fake device (default 2M)\n"
+        "  --csv          one row per policy\n"
+        "  --plot         physical bytes over the operations, per policy (needs python3-matplotlib)\n",
+        f);
+}
+
+static int parse_size_option(const char *name, const char *value, size_t *out) {
+  if (vmm_parse_size(value, out) != VMM_OK) {
+    fprintf(stderr, "vmmarena-replay: %s %s: %s\n", name, value, vmm_config_error());
+    return -1;
+  }
+  return 0;
+}
+
+static int parse_options(int argc, char **argv, options *o) {
+  memset(o, 0, sizeof *o);
+  for (int i = 1; i < argc; i++) {
+    const char *arg = argv[i];
+    if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
+      usage(stdout);
+      exit(0);
+    }
+    if (arg[0] != '-') {
+      if (o->trace) {
+        fprintf(stderr, "vmmarena-replay: one trace at a time (got \"%s\" and \"%s\")\n", o->trace, arg);
+        return -1;
+      }
+      o->trace = arg;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      fprintf(stderr, "vmmarena-replay: %s needs a value\n", arg);
+      return -1;
+    }
+    const char *value = argv[++i];
+    if (!strcmp(arg, "--driver")) {
+      if (!strcmp(value, "fake")) o->driver = DRIVER_FAKE;
+      else if (!strcmp(value, "cuda")) o->driver = DRIVER_CUDA;
+      else {
+        fprintf(stderr, "vmmarena-replay: --driver %s: expected fake or cuda\n", value);
+        return -1;
+      }
+    } else if (!strcmp(arg, "--capacity")) {
+      if (parse_size_option(arg, value, &o->capacity)) return -1;
+      if (o->capacity == 0) {
+        fprintf(stderr, "vmmarena-replay: --capacity %s: must be greater than zero\n", value);
+        return -1;
+      }
+    } else if (!strcmp(arg, "--granularity")) {
+      if (parse_size_option(arg, value, &o->granularity)) return -1;
+      if (o->granularity == 0 || (o->granularity & (o->granularity - 1))) {
+        fprintf(stderr, "vmmarena-replay: --granularity %s (%zu bytes): must be a power of two\n", value, o->granularity);
+        return -1;
+      }
+    } else if (!strcmp(arg, "--csv")) {
+      o->csv = value;
+    } else if (!strcmp(arg, "--plot")) {
+      o->plot = value;
+    } else {
+      fprintf(stderr, "vmmarena-replay: unknown option %s\n", arg);
+      usage(stderr);
+      return -1;
+    }
+  }
+  if (o->driver == DRIVER_CUDA && o->granularity) {
+    fputs("vmmarena-replay: --granularity sets the fake driver's granularity; the CUDA driver reports its own\n", stderr);
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- Reading the trace --------------------------------------------------------------- */
+
+typedef struct buffer {
+  char *data;
+  size_t len, cap;
+} buffer;
+
+static int buffer_read_fd(buffer *b, int fd) {
+  for (;;) {
+    if (b->cap - b->len < 65536) {
+      size_t cap = b->cap ? 2 * b->cap : 1 << 20;
+      char *grown = realloc(b->data, cap);
+      if (!grown) return -1;
+      b->data = grown;
+      b->cap = cap;
+    }
+    ssize_t n = read(fd, b->data + b->len, b->cap - b->len - 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return -1;
+    if (n == 0) break;
+    b->len += (size_t)n;
+  }
+  b->data[b->len] = '\0';
+  return 0;
+}
+
+/* Reads path through `gzip -dc` into b. */
+static int gunzip_file(const char *path, buffer *b) {
+  int out[2];
+  pid_t pid = -1;
+  if (pipe(out) == 0 && (pid = fork()) < 0) {
+    close(out[0]);
+    close(out[1]);
+  }
+  if (pid < 0) {
+    fprintf(stderr, "vmmarena-replay: cannot start gzip for %s: %s\n", path, strerror(errno));
+    return -1;
+  }
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    close(out[0]);
+    close(out[1]);
+    execlp("gzip", "gzip", "-dc", "--", path, (char *)NULL);
+    fprintf(stderr, "vmmarena-replay: cannot run gzip to decompress %s: %s\n", path, strerror(errno));
+    _exit(127);
+  }
+  close(out[1]);
+  int rc = buffer_read_fd(b, out[0]);
+  if (rc) fprintf(stderr, "vmmarena-replay: reading gzip -dc %s: %s\n", path, strerror(errno));
+  close(out[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (rc == 0 && (!WIFEXITED(status) || WEXITSTATUS(status) != 0)) {
+    fprintf(stderr, "vmmarena-replay: gzip -dc %s failed (status %d)\n", path, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    return -1;
+  }
+  return rc;
+}
+
+static int is_gzip(const unsigned char *head, size_t len) { return len >= 2 && head[0] == 0x1f && head[1] == 0x8b; }
+
+/* Reads a trace file, decompressing it if it is gzip. */
+static int load_file(const char *path, buffer *b) {
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) {
+    fprintf(stderr, "vmmarena-replay: cannot open trace %s: %s\n", path, strerror(errno));
+    return -1;
+  }
+  unsigned char head[2];
+  ssize_t n = read(fd, head, sizeof head);
+  if (n == 2 && is_gzip(head, 2)) {
+    close(fd);
+    return gunzip_file(path, b);
+  }
+  int rc = lseek(fd, 0, SEEK_SET) < 0 ? -1 : buffer_read_fd(b, fd);
+  if (rc) fprintf(stderr, "vmmarena-replay: reading trace %s: %s\n", path, strerror(errno));
+  close(fd);
+  return rc;
+}
+
+/* Decompresses the built-in trace through a temporary file. */
+static int load_embedded(buffer *b) {
+  const char *dir = getenv("TMPDIR");
+  char path[4096];
+  snprintf(path, sizeof path, "%s/vmmarena-replay-XXXXXX", dir && *dir ? dir : "/tmp");
+  int fd = mkstemp(path);
+  if (fd < 0) {
+    fprintf(stderr, "vmmarena-replay: cannot create a temporary file in %s: %s\n", dir && *dir ? dir : "/tmp",
+            strerror(errno));
+    return -1;
+  }
+  size_t done = 0;
+  while (done < vmmarena_default_trace_size) {
+    ssize_t n = write(fd, vmmarena_default_trace + done, vmmarena_default_trace_size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += (size_t)n;
+  }
+  close(fd);
+  int rc = -1;
+  if (done != vmmarena_default_trace_size)
+    fprintf(stderr, "vmmarena-replay: writing %s: %s\n", path, strerror(errno));
+  else if (is_gzip(vmmarena_default_trace, vmmarena_default_trace_size))
+    rc = gunzip_file(path, b);
+  else
+    rc = load_file(path, b);
+  unlink(path);
+  return rc;
+}
+
+/* ---- Pointer map: trace pointer -> replay pointer ------------------------------------ */
+
+/* Open addressing, linear probing, backward-shift deletion; sized once, never more than half
+ * full. Keys are nonzero (trace pointers of successful allocations). */
+typedef struct ptr_map {
+  uint64_t *keys;
+  uint64_t *vals;
+  size_t mask, count;
+} ptr_map;
+
+static int map_init(ptr_map *m, size_t max_entries) {
+  size_t cap = 64;
+  while (cap < 2 * max_entries + 2) cap *= 2;
+  m->keys = calloc(cap, sizeof *m->keys);
+  m->vals = calloc(cap, sizeof *m->vals);
+  m->mask = cap - 1;
+  m->count = 0;
+  return m->keys && m->vals ? 0 : -1;
+}
+
+static void map_fini(ptr_map *m) {
+  free(m->keys);
+  free(m->vals);
+  memset(m, 0, sizeof *m);
+}
+
+static void map_clear(ptr_map *m) {
+  memset(m->keys, 0, (m->mask + 1) * sizeof *m->keys);
+  m->count = 0;
+}
+
+static size_t map_home(const ptr_map *m, uint64_t key) {
+  key ^= key >> 33;
+  key *= 0xff51afd7ed558ccdull;
+  key ^= key >> 33;
+  return (size_t)key & m->mask;
+}
+
+/* Slot of key, or of the empty slot where it would go. */
+static size_t map_slot(const ptr_map *m, uint64_t key) {
+  size_t i = map_home(m, key);
+  while (m->keys[i] != 0 && m->keys[i] != key) i = (i + 1) & m->mask;
+  return i;
+}
+
+static int map_contains(const ptr_map *m, uint64_t key) { return m->keys[map_slot(m, key)] == key; }
+
+/* Inserts a key that is absent; the map was sized for every insert. */
+static void map_put(ptr_map *m, uint64_t key, uint64_t val) {
+  size_t i = map_slot(m, key);
+  m->keys[i] = key;
+  m->vals[i] = val;
+  m->count++;
+}
+
+/* Removes key; returns 1 and its value if it was present. */
+static int map_take(ptr_map *m, uint64_t key, uint64_t *val) {
+  size_t i = map_slot(m, key);
+  if (m->keys[i] != key) return 0;
+  *val = m->vals[i];
+  for (size_t j = (i + 1) & m->mask; m->keys[j] != 0; j = (j + 1) & m->mask) {
+    size_t home = map_home(m, m->keys[j]);
+    if (((j - home) & m->mask) >= ((j - i) & m->mask)) {
+      m->keys[i] = m->keys[j];
+      m->vals[i] = m->vals[j];
+      i = j;
+    }
+  }
+  m->keys[i] = 0;
+  m->count--;
+  return 1;
+}
+
+/* ---- Parsed trace -------------------------------------------------------------------- */
+
+typedef struct op {
+  uint8_t type;    /* vmm_trace_op */
+  uint8_t kind;    /* vmm_kind (alloc and free) */
+  uint32_t stream; /* index into trace.streams */
+  uint64_t bytes;  /* requested bytes (alloc) */
+  uint64_t ptr;    /* trace pointer (alloc and free) */
+} op;
+
+typedef struct trace {
+  op *ops;
+  size_t count, allocs, frees, scope_ops;
+  size_t recorded_failures; /* records with a failed result: not replayed */
+  size_t unknown_frees;     /* frees of pointers allocated before the trace started: not replayed */
+  uint64_t *streams;        /* distinct stream values of the trace */
+  size_t stream_count;
+} trace;
+
+static int stream_index(trace *t, uint64_t stream, uint32_t *index) {
+  for (size_t i = 0; i < t->stream_count; i++)
+    if (t->streams[i] == stream) return *index = (uint32_t)i, 0;
+  uint64_t *grown = realloc(t->streams, (t->stream_count + 1) * sizeof *grown);
+  if (!grown) return -1;
+  t->streams = grown;
+  t->streams[t->stream_count] = stream;
+  *index = (uint32_t)t->stream_count++;
+  return 0;
+}
+
+/* Parses every line; checks that no allocation returns a pointer that is still live in the
+ * trace. Returns 0, or -1 after printing what is wrong and where. */
+static int parse_trace(char *text, size_t len, const char *name, trace *t) {
+  size_t lines = 0;
+  for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
+  memset(t, 0, sizeof *t);
+  t->ops = malloc((lines + 1) * sizeof *t->ops);
+  ptr_map live;
+  if (!t->ops || map_init(&live, lines + 1)) {
+    fprintf(stderr, "vmmarena-replay: out of host memory for %zu trace lines\n", lines + 1);
+    return -1;
+  }
+  int rc = 0;
+  size_t line_no = 0, records = 0;
+  for (char *p = text, *end = text + len; p < end && rc == 0;) {
+    char *nl = memchr(p, '\n', (size_t)(end - p));
+    size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
+    line_no++;
+    vmm_trace_record rec;
+    const char *why = NULL;
+    int kind = vmm_trace_parse_line(p, n, &rec, &why);
+    if (kind < 0) {
+      fprintf(stderr, "vmmarena-replay: %s:%zu: %s: \"%.*s\"\n", name, line_no, why, (int)(n < 120 ? n : 120), p);
+      rc = -1;
+    } else if (kind == 1) {
+      records++;
+      op o = {.type = (uint8_t)rec.op, .kind = (uint8_t)(rec.kind < 0 ? 0 : rec.kind), .bytes = rec.requested,
+              .ptr = rec.ptr};
+      uint64_t unused;
+      if (rec.result != VMM_OK) {
+        t->recorded_failures++;
+      } else if (rec.op == VMM_TRACE_ALLOC && (rec.ptr == 0 || map_contains(&live, rec.ptr))) {
+        fprintf(stderr, "vmmarena-replay: %s:%zu: alloc returned 0x%llx, %s\n", name, line_no,
+                (unsigned long long)rec.ptr, rec.ptr ? "which is still live in the trace" : "a NULL pointer, with VMM_OK");
+        rc = -1;
+      } else if (rec.op == VMM_TRACE_FREE && !map_take(&live, rec.ptr, &unused)) {
+        t->unknown_frees++;
+      } else if (stream_index(t, rec.stream, &o.stream)) {
+        fputs("vmmarena-replay: out of host memory for the stream list\n", stderr);
+        rc = -1;
+      } else {
+        if (rec.op == VMM_TRACE_ALLOC) {
+          map_put(&live, rec.ptr, 1);
+          t->allocs++;
+        } else if (rec.op == VMM_TRACE_FREE) {
+          t->frees++;
+        } else {
+          t->scope_ops++;
+        }
+        t->ops[t->count++] = o;
+      }
+    }
+    p += n + 1;
+  }
+  map_fini(&live);
+  if (rc == 0 && records == 0) {
+    fprintf(stderr, "vmmarena-replay: %s: no operations (is it a vmmarena trace, 'vmmtrace 1'?)\n", name);
+    rc = -1;
+  }
+  return rc;
+}
+
+/* ---- Streams of the real driver ------------------------------------------------------ */
+
+/* With the CUDA driver every trace stream but the legacy and per-thread default streams is
+ * replaced by a stream created here; the fake takes any value as a stream. */
+typedef CUresult (*stream_create_fn)(CUstream *stream, unsigned int flags);
+typedef CUresult (*stream_destroy_fn)(CUstream stream);
+
+typedef struct replay_streams {
+  CUstream *handles; /* one per trace stream */
+  size_t count;
+  const struct vmm_driver *drv;
+  CUdevice dev;
+  CUcontext ctx; /* retained, and pushed when `pushed` */
+  int pushed;
+  stream_destroy_fn destroy;
+} replay_streams;
+
+static int is_default_stream(uint64_t s) {
+  return s == 0 || s == (uint64_t)(uintptr_t)CU_STREAM_LEGACY || s == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD;
+}
+
+static int streams_open(replay_streams *rs, const trace *t, driver_kind driver) {
+  memset(rs, 0, sizeof *rs);
+  rs->handles = calloc(t->stream_count ? t->stream_count : 1, sizeof *rs->handles);
+  if (!rs->handles) {
+    fprintf(stderr, "vmmarena-replay: out of host memory for %zu streams\n", t->stream_count);
+    return -1;
+  }
+  rs->count = t->stream_count;
+  if (driver == DRIVER_FAKE) {
+    for (size_t i = 0; i < t->stream_count; i++) rs->handles[i] = (CUstream)(uintptr_t)t->streams[i];
+    return 0;
+  }
+  const char *why = NULL;
+  rs->drv = vmm_driver_cuda(&why);
+  if (!rs->drv) {
+    fprintf(stderr, "vmmarena-replay: --driver cuda: %s\n", why);
+    return -1;
+  }
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  stream_create_fn create = lib ? (stream_create_fn)dlsym(lib, "cuStreamCreate") : NULL;
+  rs->destroy = lib ? (stream_destroy_fn)dlsym(lib, "cuStreamDestroy_v2") : NULL;
+  if (!create || !rs->destroy) {
+    fputs("vmmarena-replay: libcuda.so.1 lacks cuStreamCreate or cuStreamDestroy_v2\n", stderr);
+    return -1;
+  }
+  CUresult r = rs->drv->init(0);
+  if (r == CUDA_SUCCESS) r = rs->drv->device_get(&rs->dev, 0);
+  if (r == CUDA_SUCCESS) r = rs->drv->primary_ctx_retain(&rs->ctx, rs->dev);
+  if (r == CUDA_SUCCESS) r = rs->drv->ctx_push_current(rs->ctx);
+  rs->pushed = r == CUDA_SUCCESS;
+  for (size_t i = 0; i < t->stream_count && r == CUDA_SUCCESS; i++) {
+    if (is_default_stream(t->streams[i])) rs->handles[i] = (CUstream)(uintptr_t)t->streams[i];
+    else r = create(&rs->handles[i], 0);
+  }
+  if (r != CUDA_SUCCESS) {
+    fprintf(stderr, "vmmarena-replay: setting up device 0 and %zu streams failed: CUresult %d\n", t->stream_count, (int)r);
+    return -1;
+  }
+  return 0;
+}
+
+static void streams_close(replay_streams *rs, const trace *t) {
+  if (rs->pushed) {
+    for (size_t i = 0; i < rs->count; i++)
+      if (rs->handles[i] && !is_default_stream(t->streams[i])) rs->destroy(rs->handles[i]);
+    CUcontext popped;
+    rs->drv->ctx_pop_current(&popped);
+  }
+  if (rs->ctx) rs->drv->primary_ctx_release(rs->dev);
+  free(rs->handles);
+}
+
+/* ---- Policies ------------------------------------------------------------------------ */
+
+typedef struct policy {
+  const char *name;
+  vmm_retain_mode retain;
+  vmm_reuse_policy reuse;
+  double bound;
+  int stitch;
+} policy;
+
+static const policy policies[] = {
+    {"no-retention", VMM_RETAIN_OFF, VMM_REUSE_EXACT, 1.0, 1},  /* frees release at once */
+    {"retain-no-reuse", VMM_RETAIN_ON, VMM_REUSE_NONE, 1.0, 0}, /* the seeds' failing behaviour */
+    {"exact", VMM_RETAIN_ON, VMM_REUSE_EXACT, 1.0, 1},
+    {"bounded:2", VMM_RETAIN_ON, VMM_REUSE_BOUNDED, 2.0, 1},
+    {"best-fit", VMM_RETAIN_ON, VMM_REUSE_BEST_FIT, 1.0, 0},
+    {"best-fit+stitch", VMM_RETAIN_ON, VMM_REUSE_BEST_FIT, 1.0, 1},
+};
+#define POLICY_COUNT (sizeof policies / sizeof policies[0])
+
+typedef struct result {
+  int failed;          /* a non-OOM error stopped the replay */
+  vmm_snapshot snap;   /* at the end of the trace */
+  size_t oom;          /* allocations refused for want of memory (skipped with their frees) */
+  size_t skipped_frees;
+  uint64_t driver_calls;
+  double ms;
+} result;
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static const char *const op_names[] = {"alloc", "free", "begin", "finish", "abort"};
+
+/* Replays the trace under one policy. series (if non-NULL) gets the physical bytes after
+ * every operation. Returns 0, or -1 if the arena could not be created. */
+static int replay(const options *o, const policy *p, const trace *t, const replay_streams *rs, ptr_map *map,
+                  uint64_t *series, result *res) {
+  memset(res, 0, sizeof *res);
+  vmm_config cfg;
+  vmm_config_init(&cfg);
+  cfg.retain = p->retain;
+  cfg.reuse = p->reuse;
+  cfg.reuse_bound = p->bound;
+  cfg.stitch = p->stitch;
+  cfg.log_level = 0; /* refusals are counted, not logged */
+  if (o->driver == DRIVER_FAKE) {
+    fake_options fo = {.capacity = o->capacity ? o->capacity : UNBOUNDED_CAPACITY,
+                       .granularity = o->granularity,
+                       .va_space = FAKE_VA_SPACE,
+                       .record_calls = -1};
+    cfg.driver = fake_driver_reset(&fo);
+  } else {
+    cfg.limit_bytes = o->capacity;
+  }
+  vmm_arena *a = NULL;
+  vmm_status st = vmm_arena_create(&cfg, &a);
+  if (st != VMM_OK) {
+    fprintf(stderr, "vmmarena-replay: %s: creating the arena: %s: %s\n", p->name, vmm_status_name(st), vmm_create_error());
+    return -1;
+  }
+  map_clear(map);
+  double t0 = now_ms();
+  for (size_t i = 0; i < t->count && !res->failed; i++) {
+    const op *x = &t->ops[i];
+    CUstream stream = rs->handles[x->stream];
+    uint64_t replay_ptr;
+    switch ((vmm_trace_op)x->type) {
+    case VMM_TRACE_ALLOC: {
+      void *ptr = NULL;
+      st = vmm_arena_alloc(a, x->bytes, (vmm_kind)x->kind, stream, &ptr);
+      if (st == VMM_OK) map_put(map, x->ptr, (uint64_t)(uintptr_t)ptr);
+      else if (st == VMM_ERR_OUT_OF_MEMORY) res->oom++, st = VMM_OK;
+      break;
+    }
+    case VMM_TRACE_FREE:
+      if (map_take(map, x->ptr, &replay_ptr)) st = vmm_arena_free(a, (void *)(uintptr_t)replay_ptr, stream);
+      else res->skipped_frees++;
+      break;
+    case VMM_TRACE_BEGIN: st = vmm_retention_begin(a); break;
+    case VMM_TRACE_FINISH: st = vmm_retention_finish(a); break;
+    case VMM_TRACE_ABORT: st = vmm_retention_abort(a); break;
+    }
+    if (st != VMM_OK) {
+      fprintf(stderr, "vmmarena-replay: %s: operation %zu (%s %llu bytes): %s: %s\n", p->name, i + 1,
+              op_names[x->type], (unsigned long long)x->bytes, vmm_status_name(st), vmm_arena_last_error(a));
+      res->failed = 1;
+    }
+    if (series) { /* not timed */
+      double s0 = now_ms();
+      vmm_snapshot s;
+      vmm_arena_snapshot(a, &s);
+      series[i] = s.physical_bytes;
+      t0 += now_ms() - s0;
+    }
+  }
+  res->ms = now_ms() - t0;
+  vmm_arena_snapshot(a, &res->snap);
+  for (int e = 0; e < VMM_DRV_ENTRY_COUNT; e++) res->driver_calls += res->snap.driver[e].calls;
+  char why[256] = "";
+  if (vmm_arena_check(a, why, sizeof why)) {
+    fprintf(stderr, "vmmarena-replay: %s: invariant check failed after the replay: %s\n", p->name, why);
+    res->failed = 1;
+  }
+  vmm_arena_destroy(a);
+  if (o->driver == DRIVER_FAKE && !fake_ledger_clean()) {
+    fprintf(stderr, "vmmarena-replay: %s: the fake driver's ledger is not clean after destroy\n", p->name);
+    res->failed = 1;
+  }
+  return 0;
+}
+
+/* ---- Output -------------------------------------------------------------------------- */
+
+/* "35.27 GiB", "512.0 MiB", "64.0 KiB", "100 B". */
+static const char *human(uint64_t bytes, char buf[32]) {
+  if (bytes >= GIB) snprintf(buf, 32, "%.2f GiB", (double)bytes / (double)GIB);
+  else if (bytes >= 1 << 20) snprintf(buf, 32, "%.1f MiB", (double)bytes / (double)(1 << 20));
+  else if (bytes >= 1 << 10) snprintf(buf, 32, "%.1f KiB", (double)bytes / (double)(1 << 10));
+  else snprintf(buf, 32, "%llu B", (unsigned long long)bytes);
+  return buf;
+}
+
+static uint64_t calls_of(const result *r, vmm_driver_entry e) { return r->snap.driver[e].calls; }
+
+static const char *hit_rate(const result *r, char buf[32]) {
+  uint64_t tries = r->snap.pool_hits + r->snap.pool_misses;
+  if (tries == 0) snprintf(buf, 32, "-");
+  else snprintf(buf, 32, "%.1f%%", 100.0 * (double)r->snap.pool_hits / (double)tries);
+  return buf;
+}
+
+static void print_table(const result *res) {
+  printf("%-16s %13s %12s %11s %9s %10s %12s %12s %8s %6s %7s %9s\n", "policy", "peak physical", "peak VA",
+         "cuMemCreate", "cuMemMap", "cuMemUnmap", "cuMemRelease", "driver calls", "hit rate", "OOM", "rescued",
+         "time ms");
+  for (size_t i = 0; i < POLICY_COUNT; i++) {
+    const result *r = &res[i];
+    char b[3][32];
+    printf("%-16s %13s %12s %11llu %9llu %10llu %12llu %12llu %8s %6zu %7llu %9.1f%s\n", policies[i].name,
+           human(r->snap.physical_peak_bytes, b[0]), human(r->snap.reserved_va_bytes, b[1]),
+           (unsigned long long)calls_of(r, VMM_DRV_mem_create), (unsigned long long)calls_of(r, VMM_DRV_mem_map),
+           (unsigned long long)calls_of(r, VMM_DRV_mem_unmap), (unsigned long long)calls_of(r, VMM_DRV_mem_release),
+           (unsigned long long)r->driver_calls, hit_rate(r, b[2]), r->oom,
+           (unsigned long long)(r->snap.pool_fallbacks + r->snap.stitches), r->ms, r->failed ? "  FAILED" : "");
+  }
+}
+
+/* The policy with the lowest peak physical among those that met no OOM (only those that
+ * retain if `retaining`), or -1. */
+static int lowest_peak(const result *res, int retaining) {
+  int best = -1;
+  for (size_t p = 0; p < POLICY_COUNT; p++) {
+    if (res[p].failed || res[p].oom || (retaining && policies[p].retain == VMM_RETAIN_OFF)) continue;
+    if (best < 0 || res[p].snap.physical_peak_bytes < res[best].snap.physical_peak_bytes) best = (int)p;
+  }
+  return best;
+}
+
+static int write_csv(const char *path, const result *res) {
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    fprintf(stderr, "vmmarena-replay: cannot write %s: %s\n", path, strerror(errno));
+    return -1;
+  }
+  fputs("policy,peak_physical_bytes,peak_reserved_va_bytes,peak_mapped_bytes,cuMemCreate,cuMemMap,cuMemUnmap,"
+        "cuMemRelease,driver_calls,pool_hits,pool_misses,pool_hit_rate,oom,skipped_frees,fallbacks,stitches,time_ms,"
+        "status\n",
+        f);
+  for (size_t i = 0; i < POLICY_COUNT; i++) {
+    const result *r = &res[i];
+    uint64_t tries = r->snap.pool_hits + r->snap.pool_misses;
+    char rate[32] = "";
+    if (tries) snprintf(rate, sizeof rate, "%.4f", (double)r->snap.pool_hits / (double)tries);
+    fprintf(f, "%s,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%s,%zu,%zu,%llu,%llu,%.3f,%s\n", policies[i].name,
+            (unsigned long long)r->snap.physical_peak_bytes, (unsigned long long)r->snap.reserved_va_bytes,
+            (unsigned long long)r->snap.mapped_peak_bytes, (unsigned long long)calls_of(r, VMM_DRV_mem_create),
+            (unsigned long long)calls_of(r, VMM_DRV_mem_map), (unsigned long long)calls_of(r, VMM_DRV_mem_unmap),
+            (unsigned long long)calls_of(r, VMM_DRV_mem_release), (unsigned long long)r->driver_calls,
+            (unsigned long long)r->snap.pool_hits, (unsigned long long)r->snap.pool_misses, rate, r->oom,
+            r->skipped_frees, (unsigned long long)r->snap.pool_fallbacks, (unsigned long long)r->snap.stitches, r->ms,
+            r->failed ? "failed" : "ok");
+  }
+  int rc = fclose(f) == 0 ? 0 : -1;
+  if (rc) fprintf(stderr, "vmmarena-replay: writing %s: %s\n", path, strerror(errno));
+  return rc;
+}
+
+/* "out.png" -> "out-series.csv" beside it. */
+static void series_path(const char *png, char *out, size_t cap) {
+  const char *slash = strrchr(png, '/');
+  const char *dot = strrchr(png, '.');
+  size_t stem = dot && (!slash || dot > slash) ? (size_t)(dot - png) : strlen(png);
+  snprintf(out, cap, "%.*s-series.csv", (int)stem, png);
+}
+
+static int write_series(const char *path, uint64_t *const series[POLICY_COUNT], size_t count) {
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    fprintf(stderr, "vmmarena-replay: cannot write %s: %s\n", path, strerror(errno));
+    return -1;
+  }
+  fputs("op", f);
+  for (size_t p = 0; p < POLICY_COUNT; p++) fprintf(f, ",%s", policies[p].name);
+  fputc('\n', f);
+  for (size_t i = 0; i < count; i++) {
+    fprintf(f, "%zu", i + 1);
+    for (size_t p = 0; p < POLICY_COUNT; p++) fprintf(f, ",%llu", (unsigned long long)series[p][i]);
+    fputc('\n', f);
+  }
+  int rc = fclose(f) == 0 ? 0 : -1;
+  if (rc) fprintf(stderr, "vmmarena-replay: writing %s: %s\n", path, strerror(errno));
+  return rc;
+}
+
+/* Runs plot_replay.py; a missing python3 or matplotlib is reported and is not an error. */
+static int run_plot(const char *series, const char *png) {
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    execlp("python3", "python3", VMMARENA_PLOT_SCRIPT, series, png, (char *)NULL);
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (code == 0) {
+    printf("plot: %s (series %s)\n", png, series);
+    return 0;
+  }
+  if (code == 127 || code == PLOT_NO_MATPLOTLIB) {
+    printf("plot: skipped, %s is not installed; the series is in %s\n", code == 127 ? "python3" : "matplotlib", series);
+    return 0;
+  }
+  fprintf(stderr, "vmmarena-replay: %s failed (status %d); the series is in %s\n", VMMARENA_PLOT_SCRIPT, code, series);
+  return -1;
+}
+
+/* ---- Main ---------------------------------------------------------------------------- */
+
+static void print_summary(const options *o, const result *res) {
+  char b[2][32];
+  if (o->driver == DRIVER_FAKE)
+    printf("driver: fake, capacity %s, granularity %s\n\n", o->capacity ? human(o->capacity, b[0]) : "unbounded",
+           human(res[0].snap.granularity, b[1]));
+  else
+    printf("driver: cuda, device 0, limit %s, granularity %s\n\n", o->capacity ? human(o->capacity, b[0]) : "none",
+           human(res[0].snap.granularity, b[1]));
+  print_table(res);
+  printf("\npeak VA: reserved address space; OOM: allocations refused for want of memory, skipped with their frees;\n"
+         "rescued: OOMs served by a larger pooled mapping or by stitching; exact and bounded:2 keep both on.\n");
+  int best = lowest_peak(res, 0), best_retaining = lowest_peak(res, 1);
+  if (best < 0) {
+    printf("every policy ran out of memory at this capacity\n");
+    return;
+  }
+  printf("lowest peak physical with no OOM: %s (%s)", policies[best].name,
+         human(res[best].snap.physical_peak_bytes, b[0]));
+  if (best_retaining >= 0 && best_retaining != best)
+    printf("; under retention: %s (%s)", policies[best_retaining].name,
+           human(res[best_retaining].snap.physical_peak_bytes, b[0]));
+  printf("\n");
+}
+
+/* Replays t under every policy and reports. Returns the exit status. */
+static int run_policies(const options *o, const trace *t) {
+  replay_streams rs;
+  ptr_map map = {0};
+  result res[POLICY_COUNT];
+  uint64_t *series[POLICY_COUNT] = {0};
+  int ran = streams_open(&rs, t, o->driver) == 0 && map_init(&map, t->allocs) == 0, failed = 0;
+  /* A policy whose replay fails is marked in the table; the others still run. */
+  for (size_t p = 0; p < POLICY_COUNT && ran; p++) {
+    if (o->plot && !(series[p] = calloc(t->count ? t->count : 1, sizeof *series[p]))) {
+      fputs("vmmarena-replay: out of host memory for the plot series\n", stderr);
+      ran = 0;
+    } else if (replay(o, &policies[p], t, &rs, &map, series[p], &res[p])) {
+      ran = 0;
+    } else {
+      failed |= res[p].failed;
+    }
+  }
+  streams_close(&rs, t);
+  map_fini(&map);
+  if (ran) {
+    print_summary(o, res);
+    if (o->csv && write_csv(o->csv, res)) failed = 1;
+    if (o->plot) {
+      char path[4096];
+      series_path(o->plot, path, sizeof path);
+      if (write_series(path, series, t->count) || run_plot(path, o->plot)) failed = 1;
+    }
+  }
+  for (size_t p = 0; p < POLICY_COUNT; p++) free(series[p]);
+  return ran && !failed ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+  options o;
+  if (parse_options(argc, argv, &o)) return 2;
+  const char *name = o.trace ? o.trace : vmmarena_default_trace_name;
+  buffer text = {0};
+  trace t = {0};
+  int loaded = (o.trace ? load_file(o.trace, &text) : load_embedded(&text)) == 0 &&
+               parse_trace(text.data, text.len, name, &t) == 0;
+  free(text.data);
+  if (!loaded) {
+    free(t.ops);
+    free(t.streams);
+    return 2;
+  }
+  printf("trace: %s%s: %zu operations (%zu alloc, %zu free, %zu scope)", name, o.trace ? "" : " (built in)", t.count,
+         t.allocs, t.frees, t.scope_ops);
+  if (t.recorded_failures || t.unknown_frees)
+    printf("; not replayed: %zu recorded failures, %zu frees of memory allocated before the trace", t.recorded_failures,
+           t.unknown_frees);
+  printf("\n");
+  fflush(stdout);
+  int rc = run_policies(&o, &t);
+  free(t.ops);
+  free(t.streams);
+  return rc;
+}

@@ -1,0 +1,406 @@
+"""Storage: a device's package and transient memory, routed through PyTorch's MemPool.
+
+PyTorch routes a thread's allocations to the first pool registered for it, so nested
+`use_mem_pool` contexts do not nest. A Storage therefore keeps one routing stack per thread
+and keeps only its top pool registered: entering a context suspends the one below it,
+leaving it resumes it. torch is imported only when a method needs it.
+"""
+
+import contextlib
+import json
+import sys
+import threading
+import weakref
+
+from . import _lib
+from ._lib import VmmarenaError
+
+KINDS = ("package", "transient")
+_ALLOC_SYMBOLS = {"package": "vmm_torch_package_allocate", "transient": "vmm_torch_transient_allocate"}
+
+_allocators = {}  # kind -> CUDAPluggableAllocator; kept for the process (pools hold raw pointers)
+_allocators_lock = threading.Lock()
+_default_kind = None  # set by use_as_default()
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise VmmarenaError(f"PyTorch is needed for this call and could not be imported: {e}") from e
+    if not hasattr(torch.cuda, "MemPool") or not hasattr(torch.cuda, "use_mem_pool"):
+        raise VmmarenaError(
+            f"PyTorch {torch.__version__} has no torch.cuda.MemPool / use_mem_pool: "
+            "vmmarena needs PyTorch 2.5 or later"
+        )
+    return torch
+
+
+def _check_kind(kind):
+    if kind not in KINDS:
+        raise ValueError(f"kind must be 'package' or 'transient', not {kind!r}")
+
+
+def allocator(kind="package"):
+    """The torch.cuda.memory.CUDAPluggableAllocator of `kind` ("package" or "transient"),
+    made once per process. `allocator(kind).allocator()` is what torch.cuda.MemPool takes."""
+    _check_kind(kind)
+    with _allocators_lock:
+        found = _allocators.get(kind)
+        if found is None:
+            torch = _torch()
+            found = torch.cuda.memory.CUDAPluggableAllocator(
+                _lib.loaded_path(), _ALLOC_SYMBOLS[kind], "vmm_torch_free"
+            )
+            _allocators[kind] = found
+    return found
+
+
+def use_as_default(kind="package"):
+    """Makes vmmarena PyTorch's allocator for every CUDA allocation of this process (as
+    `kind` memory, with no caching layer). Must run before CUDA is initialized; afterwards
+    package(), transient() and graph() are unavailable (they need PyTorch's caching
+    allocator)."""
+    global _default_kind
+    _check_kind(kind)
+    torch = _torch()
+    _lib.config_check()
+    if _default_kind is not None:
+        raise VmmarenaError(f"use_as_default() already ran (kind {_default_kind!r})")
+    if torch.cuda.is_initialized():
+        raise VmmarenaError(
+            "use_as_default() must run before CUDA is initialized, and torch.cuda.is_initialized() "
+            "is already True: a CUDA tensor, stream, synchronize or memory query came first. "
+            "Call it right after `import torch`."
+        )
+    try:
+        torch.cuda.memory.change_current_allocator(allocator(kind))
+    except RuntimeError as e:
+        raise VmmarenaError(f"use_as_default(): PyTorch refused to swap its allocator: {e}") from e
+    _default_kind = kind
+
+
+def _device_index(device):
+    if device is None:
+        return _torch().cuda.current_device()
+    if isinstance(device, bool):
+        raise TypeError("device must be an int, 'cuda:N' or a torch.device")
+    if isinstance(device, int):
+        index = device
+    elif isinstance(device, str):
+        kind, _, number = device.partition(":")
+        if kind != "cuda" or (number and not number.isdigit()):
+            raise ValueError(f"device {device!r}: expected 'cuda' or 'cuda:N'")
+        index = int(number) if number else _torch().cuda.current_device()
+    elif getattr(device, "type", None) == "cuda":
+        index = device.index if device.index is not None else _torch().cuda.current_device()
+    else:
+        raise TypeError(f"device must be an int, 'cuda:N' or a CUDA torch.device, not {device!r}")
+    if not 0 <= index < 64:
+        raise ValueError(f"device {index} out of range (0..63)")
+    return index
+
+
+class Storage:
+    """Package and transient memory of one CUDA device.
+
+    Creating it checks the VMMARENA_* environment and raises VmmarenaConfigError (a
+    ValueError) with the allocator's message if a value is bad. The device's arena is
+    created on first use.
+    """
+
+    def __init__(self, device=None):
+        self.device = _device_index(device)
+        _lib.config_check()
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._package_pool = None
+        self._package_users = 0  # package() contexts open, all threads
+        self._open_steps = 0  # transient() steps open, all threads
+        self._strays = set()  # bases of transient mappings that outlived their step
+        self._graph_pools = weakref.WeakKeyDictionary()  # graph -> pools it captured into
+
+    def __repr__(self):
+        return f"vmmarena.Storage(device={self.device})"
+
+    # ---- Routing stack --------------------------------------------------------------------
+
+    def _stack(self):
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def _suspend_top(self):
+        stack = self._stack()
+        if stack and stack[-1]["route"] is not None:
+            route, stack[-1]["route"] = stack[-1]["route"], None
+            route.__exit__(None, None, None)
+
+    def _resume_top(self, torch):
+        stack = self._stack()
+        if stack and stack[-1]["route"] is None:
+            route = torch.cuda.use_mem_pool(stack[-1]["pool"], self.device)
+            route.__enter__()
+            stack[-1]["route"] = route
+
+    def _push(self, torch, kind, pool):
+        self._suspend_top()
+        entry = {"kind": kind, "pool": pool, "route": None}
+        self._stack().append(entry)
+        self._resume_top(torch)
+        return entry
+
+    def _pop(self, entry):
+        stack = self._stack()
+        if not stack or stack[-1] is not entry:
+            raise VmmarenaError(f"{entry['kind']}() contexts of {self!r} were exited out of order")
+        self._suspend_top()
+        stack.pop()
+
+    def _require_pools(self):
+        torch = _torch()
+        if _default_kind is not None:
+            raise VmmarenaError(
+                f"use_as_default({_default_kind!r}) made vmmarena PyTorch's allocator: every allocation "
+                "already goes to vmmarena, and package(), transient() and graph() need PyTorch's "
+                "caching allocator, which that replaced"
+            )
+        return torch
+
+    def _new_pool(self, torch, kind):
+        with torch.cuda.device(self.device):
+            return torch.cuda.MemPool(allocator(kind).allocator())
+
+    def _package(self, torch):
+        with self._lock:
+            if self._package_pool is None:
+                self._package_pool = self._new_pool(torch, "package")
+            return self._package_pool
+
+    def _empty_cache(self, torch):
+        """torch.cuda.empty_cache() with this thread's routing suspended."""
+        self._suspend_top()
+        try:
+            torch.cuda.empty_cache()
+        finally:
+            self._resume_top(torch)
+
+    def _live_transient(self):
+        snap = json.loads(_lib.snapshot_json(self.device))
+        return {
+            int(m["base"], 16)
+            for m in snap["mappings"]
+            if m["kind"] == "transient" and m["state"] == "live"
+        }
+
+    def _note(self, exc, text):
+        if hasattr(exc, "add_note"):
+            exc.add_note(f"vmmarena (device {self.device}): {text}")
+
+    # ---- Context managers -----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def package(self):
+        """Routes this thread's CUDA allocations to persistent (PACKAGE) memory: weights,
+        caches, graph operands. One pool for the Storage's life; release() returns its free
+        cached segments."""
+        torch = self._require_pools()
+        pool = self._package(torch)
+        with self._lock:
+            self._package_users += 1
+        entry = self._push(torch, "package", pool)
+        del pool
+        try:
+            yield self
+        except torch.OutOfMemoryError as e:
+            self._note(e, _lib.last_error(self.device))
+            raise
+        finally:
+            try:
+                self._pop(entry)
+                self._resume_top(torch)
+            finally:
+                with self._lock:
+                    self._package_users -= 1
+
+    @contextlib.contextmanager
+    def transient(self):
+        """One warmup or tuning step: this thread's allocations go to a fresh pool of
+        TRANSIENT memory. On exit the device is synchronized and the pool is dropped, so
+        PyTorch returns its segments to vmmarena (into vmmarena's pool inside
+        retain_transient_backing()). Tensors kept past the step keep their segments; the
+        snapshot lists them under "stray_transient"."""
+        torch = self._require_pools()
+        before = self._live_transient()
+        entry = self._push(torch, "transient", self._new_pool(torch, "transient"))
+        with self._lock:
+            self._open_steps += 1
+        error = None
+        try:
+            yield self
+        except BaseException as e:
+            error = e
+            if isinstance(e, torch.OutOfMemoryError):
+                self._note(e, _lib.last_error(self.device))
+            raise
+        finally:
+            try:
+                self._end_step(torch, entry, before, error)
+            finally:
+                with self._lock:
+                    self._open_steps -= 1
+
+    def _end_step(self, torch, entry, before, error):
+        """Synchronizes, drops the step's pool, hands leftovers back, quiesces. A failure
+        here is raised, unless the step itself failed: then it becomes a note on that error."""
+        try:
+            torch.cuda.synchronize(self.device)
+            self._pop(entry)
+            entry["pool"] = None  # the last reference: ~MemPool returns its free segments
+            left = self._live_transient() - before
+            if left:
+                # Free blocks of pools deleted earlier, while their tensors were alive, are
+                # returned only by a full empty_cache().
+                torch.cuda.empty_cache()
+                left = self._live_transient() - before
+            with self._lock:
+                self._strays |= left
+            _lib.check(self.device, _lib.lib().vmm_torch_quiesce(self.device))
+        except Exception as cleanup_error:
+            if error is None:
+                raise
+            self._note(error, f"ending the step also failed: {cleanup_error}")
+        finally:
+            self._resume_top(torch)
+
+    @contextlib.contextmanager
+    def retain_transient_backing(self):
+        """A retention scope around a warmup catalog: transient frees keep their mappings in
+        vmmarena's pool for later steps instead of releasing them. Normal exit finishes the
+        scope (releases everything retained); an exception aborts it (no driver call for
+        that memory until the arena is destroyed) and propagates. Retention is on by default
+        only on integrated GPUs: set VMMARENA_RETAIN=on for discrete cards."""
+        self.retention_begin()
+        try:
+            yield self
+        except BaseException as e:
+            status = _lib.lib().vmm_torch_retention_abort(self.device)
+            if status != _lib.VMM_OK:
+                self._note(e, f"aborting the retention scope failed too: {_lib.last_error(self.device)}")
+            raise
+        self._settle()
+        self.retention_finish()
+
+    def _settle(self):
+        """Waits for the device and hands PyTorch's free cached transient segments back."""
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.synchronize(self.device)
+            if self._open_steps == 0 and self._live_transient():
+                self._empty_cache(torch)
+        _lib.check(self.device, _lib.lib().vmm_torch_quiesce(self.device))
+
+    @contextlib.contextmanager
+    def graph(self, cuda_graph, kind=None, share_with=None, **kwargs):
+        """Captures CUDA work into `cuda_graph` (a torch.cuda.CUDAGraph) with its memory in a
+        pool of its own, of `kind` (default: the kind of this thread's innermost open
+        context, else "package"), held as long as the graph. `share_with=other_graph` uses
+        that graph's pool instead, as torch.cuda.graph(pool=other.pool()) would, for graphs
+        replayed in capture order. This thread's open context is suspended during the
+        capture (PyTorch would route the capture's allocations to it, or refuse to capture
+        into it) and resumed after. Other keyword arguments (stream, capture_error_mode) go
+        to torch.cuda.graph."""
+        torch = self._require_pools()
+        if "pool" in kwargs:
+            raise TypeError("Storage.graph() makes the graph's pool; pass kind= or share_with= instead of pool=")
+        if share_with is not None:
+            shared = self._graph_pools.get(share_with)
+            if not shared:
+                raise VmmarenaError("share_with: that graph was not captured through this Storage's graph()")
+            pool = shared[-1]
+        else:
+            stack = self._stack()
+            kind = kind or (stack[-1]["kind"] if stack else "package")
+            _check_kind(kind)
+            pool = self._new_pool(torch, kind)
+        self._graph_pools.setdefault(cuda_graph, []).append(pool)
+        self._suspend_top()
+        try:
+            with torch.cuda.graph(cuda_graph, pool=pool.id, **kwargs):
+                yield cuda_graph
+        finally:
+            self._resume_top(torch)
+
+    @contextlib.contextmanager
+    def tag(self, name):
+        """Labels the segments vmmarena hands out on this thread while the block runs (shown
+        per mapping and per tag in the snapshot). PyTorch caches segments, so a tensor that
+        fits a cached block keeps that block's tag."""
+        if not isinstance(name, str):
+            raise TypeError(f"tag must be a str, not {type(name).__name__}")
+        handle = _lib.lib()
+        handle.vmm_torch_tag_push(name.encode())
+        try:
+            yield self
+        finally:
+            handle.vmm_torch_tag_pop()
+
+    # ---- Plain calls ----------------------------------------------------------------------
+
+    def release(self):
+        """Returns every free segment PyTorch caches for this Storage to vmmarena: waits for
+        the device, drops the package pool's cache (a new pool is made on the next
+        package()), empties PyTorch's cache and quiesces the arena."""
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.synchronize(self.device)
+            with self._lock:
+                if self._package_users == 0:
+                    self._package_pool = None
+            self._empty_cache(torch)
+        _lib.check(self.device, _lib.lib().vmm_torch_quiesce(self.device))
+        live = self._live_transient()
+        with self._lock:
+            self._strays &= live
+
+    def snapshot(self):
+        """The arena's snapshot (docs/snapshot.md) as a dict, plus "stray_transient": the live
+        transient mappings outside any step (every one when no step is open; those that
+        outlived an earlier step while one is)."""
+        snap = json.loads(_lib.snapshot_json(self.device))
+        live = [m for m in snap["mappings"] if m["kind"] == "transient" and m["state"] == "live"]
+        with self._lock:
+            steps, strays = self._open_steps, set(self._strays)
+        outside = live if steps == 0 else [m for m in live if int(m["base"], 16) in strays]
+        snap["stray_transient"] = {
+            "count": len(outside),
+            "bytes": sum(m["extent"] for m in outside),
+            "mappings": outside,
+        }
+        return snap
+
+    def last_error(self):
+        """The allocator's message for the latest failure on this device ("" if none)."""
+        return _lib.last_error(self.device)
+
+    def retention_begin(self):
+        _lib.check(self.device, _lib.lib().vmm_torch_retention_begin(self.device))
+
+    def retention_finish(self):
+        _lib.check(self.device, _lib.lib().vmm_torch_retention_finish(self.device))
+
+    def retention_abort(self):
+        _lib.check(self.device, _lib.lib().vmm_torch_retention_abort(self.device))
+
+    def quiesce(self):
+        _lib.check(self.device, _lib.lib().vmm_torch_quiesce(self.device))
+
+    def check(self):
+        """Runs the arena's invariant checker; raises VmmarenaError saying what is broken."""
+        import ctypes
+
+        buf = ctypes.create_string_buffer(512)
+        status = _lib.lib().vmm_torch_check(self.device, buf, len(buf))
+        if status != _lib.VMM_OK:
+            raise VmmarenaError(buf.value.decode() or _lib.last_error(self.device), status, _lib.status_name(status))

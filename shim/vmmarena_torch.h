@@ -1,0 +1,81 @@
+/* vmmarena_torch: the entry points PyTorch's CUDAPluggableAllocator loads, and the control
+ * functions the Python package (shim/python/vmmarena) calls through ctypes.
+ *
+ * One arena per device, created on first use from the VMMARENA_* environment
+ * (vmm_config_from_env). A bad value is never replaced by a default: the call that would
+ * have created the arena fails, and vmm_torch_last_error(device) names the variable and the
+ * value. Creation is retried on every later call, so fixing the environment is enough.
+ *
+ * Status codes are vmm_status values (include/vmmarena.h): 0 is VMM_OK.
+ * Streams: PyTorch's cudaStream_t is the driver's CUstream (both are struct CUstream_st *). */
+#ifndef VMMARENA_TORCH_H
+#define VMMARENA_TORCH_H
+
+#include <cuda.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(VMMARENA_TORCH_BUILD)
+#define VMM_TORCH_API __attribute__((visibility("default")))
+#else
+#define VMM_TORCH_API
+#endif
+
+struct vmm_driver;
+
+/* ---- PyTorch's allocator signatures -------------------------------------------------- */
+
+/* Allocate `size` bytes of PACKAGE (persistent) or TRANSIENT memory on `device`, for use on
+ * `stream`. NULL on failure (PyTorch then frees cached blocks, retries, and raises
+ * torch.OutOfMemoryError); vmm_torch_last_error(device) says why, with the numbers.
+ * A size of 0 returns NULL without an error: an empty tensor needs no memory. */
+VMM_TORCH_API void *vmm_torch_package_allocate(ssize_t size, int device, CUstream stream);
+VMM_TORCH_API void *vmm_torch_transient_allocate(ssize_t size, int device, CUstream stream);
+/* Free an allocation of either kind. PyTorch passes the size and stream of the allocation;
+ * the arena knows each allocation's extent, so `size` is only checked for being
+ * non-negative. An unknown pointer changes nothing and keeps the error. NULL is a no-op. */
+VMM_TORCH_API void vmm_torch_free(void *ptr, ssize_t size, int device, CUstream stream);
+
+/* ---- Control functions (each creates the device's arena if it does not exist yet) ---- */
+
+VMM_TORCH_API int vmm_torch_retention_begin(int device);
+VMM_TORCH_API int vmm_torch_retention_finish(int device);
+VMM_TORCH_API int vmm_torch_retention_abort(int device);
+/* Synchronizes the device and marks every pooled mapping reusable on any stream. */
+VMM_TORCH_API int vmm_torch_quiesce(int device);
+
+/* Writes the JSON snapshot (docs/snapshot.md), NUL-terminated, into buf. A buffer smaller
+ * than vmm_torch_snapshot_json_size(device) returns VMM_ERR_INVALID_ARGUMENT and leaves a
+ * truncated, NUL-terminated prefix. */
+VMM_TORCH_API int vmm_torch_snapshot_json(int device, char *buf, size_t cap);
+/* Bytes the snapshot needs now, including the NUL; 0 if the arena cannot be created. The
+ * document can grow between this call and the next, so leave some slack. */
+VMM_TORCH_API size_t vmm_torch_snapshot_json_size(int device);
+
+/* Message of the latest failure of a call through this shim for `device` ("" if none). The
+ * text stays valid until the next failure on that device. */
+VMM_TORCH_API const char *vmm_torch_last_error(int device);
+/* "VMM_ERR_OUT_OF_MEMORY" for a status code returned above. */
+VMM_TORCH_API const char *vmm_torch_status_name(int status);
+/* Parses the VMMARENA_* environment as arena creation would. Writes the error message ("" if
+ * none) into buf (NUL-terminated, truncated to cap) and returns the status. */
+VMM_TORCH_API int vmm_torch_config_check(char *buf, size_t cap);
+/* Runs the arena's invariant checker; on failure writes why into buf. */
+VMM_TORCH_API int vmm_torch_check(int device, char *buf, size_t cap);
+
+/* Thread-local label for the segments allocated from now on (nested; NULL = no tag). */
+VMM_TORCH_API void vmm_torch_tag_push(const char *tag);
+VMM_TORCH_API void vmm_torch_tag_pop(void);
+
+/* Tests only: destroys every arena (pointers handed out become invalid), then creates later
+ * arenas on `drv` (NULL = the CUDA driver). Lets CI run the shim on the fake driver. */
+VMM_TORCH_API int vmm_torch_set_driver_for_testing(const struct vmm_driver *drv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

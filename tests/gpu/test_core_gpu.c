@@ -1,0 +1,481 @@
+/* The core on the real CUDA driver (built and run by tests/gpu/run; needs a GPU).
+ *
+ * Allocation and free, bad frees, the retention scope and its pool, reuse on another stream
+ * while the freeing stream is still busy, stitching (several handles mapped back to back,
+ * access granted and the whole extent unmapped in one call each), allocation and free during
+ * stream capture, out of memory, the limit, abort, and that the device's free memory comes
+ * back. Memory is checked without kernels: cuMemsetD8 to write, cuMemcpyDtoH to read back.
+ * Prints a line per test and "core-gpu: N passed, M failed"; exits non-zero on a failure. */
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "vmmarena.h"
+
+#define MiB ((size_t)1 << 20)
+#define GiB ((size_t)1 << 30)
+
+/* ---- The driver calls the test makes itself, resolved from libcuda.so.1 -------------- */
+
+static struct {
+  CUresult (*init)(unsigned flags);
+  CUresult (*device_get)(CUdevice *dev, int ordinal);
+  CUresult (*primary_ctx_retain)(CUcontext *ctx, CUdevice dev);
+  CUresult (*primary_ctx_release)(CUdevice dev);
+  CUresult (*ctx_set_current)(CUcontext ctx);
+  CUresult (*ctx_synchronize)(void);
+  CUresult (*mem_get_info)(size_t *free_bytes, size_t *total_bytes);
+  CUresult (*memset_d8)(CUdeviceptr ptr, unsigned char value, size_t n);
+  CUresult (*memset_d8_async)(CUdeviceptr ptr, unsigned char value, size_t n, CUstream s);
+  CUresult (*memcpy_dtoh)(void *dst, CUdeviceptr src, size_t n);
+  CUresult (*stream_create)(CUstream *s, unsigned flags);
+  CUresult (*stream_destroy)(CUstream s);
+  CUresult (*stream_query)(CUstream s);
+  CUresult (*launch_host_func)(CUstream s, CUhostFn fn, void *arg);
+  CUresult (*stream_begin_capture)(CUstream s, CUstreamCaptureMode mode);
+  CUresult (*stream_end_capture)(CUstream s, CUgraph *graph);
+  CUresult (*graph_instantiate)(CUgraphExec *exec, CUgraph graph, unsigned long long flags);
+  CUresult (*graph_launch)(CUgraphExec exec, CUstream s);
+  CUresult (*graph_exec_destroy)(CUgraphExec exec);
+  CUresult (*graph_destroy)(CUgraph graph);
+  CUresult (*get_error_name)(CUresult r, const char **name);
+} cu;
+
+typedef CUresult (*get_proc_fn)(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                CUdriverProcAddressQueryResult *status);
+
+static int load_driver(char *why, size_t cap) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return snprintf(why, cap, "dlopen(libcuda.so.1): %s", dlerror()), -1;
+  get_proc_fn get_proc = (get_proc_fn)dlsym(lib, "cuGetProcAddress_v2");
+  if (!get_proc) return snprintf(why, cap, "libcuda.so.1 has no cuGetProcAddress_v2"), -1;
+  const struct {
+    const char *name;
+    void **slot;
+  } table[] = {
+      {"cuInit", (void **)&cu.init},
+      {"cuDeviceGet", (void **)&cu.device_get},
+      {"cuDevicePrimaryCtxRetain", (void **)&cu.primary_ctx_retain},
+      {"cuDevicePrimaryCtxRelease", (void **)&cu.primary_ctx_release},
+      {"cuCtxSetCurrent", (void **)&cu.ctx_set_current},
+      {"cuCtxSynchronize", (void **)&cu.ctx_synchronize},
+      {"cuMemGetInfo", (void **)&cu.mem_get_info},
+      {"cuMemsetD8", (void **)&cu.memset_d8},
+      {"cuMemsetD8Async", (void **)&cu.memset_d8_async},
+      {"cuMemcpyDtoH", (void **)&cu.memcpy_dtoh},
+      {"cuStreamCreate", (void **)&cu.stream_create},
+      {"cuStreamDestroy", (void **)&cu.stream_destroy},
+      {"cuStreamQuery", (void **)&cu.stream_query},
+      {"cuLaunchHostFunc", (void **)&cu.launch_host_func},
+      {"cuStreamBeginCapture", (void **)&cu.stream_begin_capture},
+      {"cuStreamEndCapture", (void **)&cu.stream_end_capture},
+      {"cuGraphInstantiateWithFlags", (void **)&cu.graph_instantiate},
+      {"cuGraphLaunch", (void **)&cu.graph_launch},
+      {"cuGraphExecDestroy", (void **)&cu.graph_exec_destroy},
+      {"cuGraphDestroy", (void **)&cu.graph_destroy},
+      {"cuGetErrorName", (void **)&cu.get_error_name},
+  };
+  for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+    CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    CUresult r = get_proc(table[i].name, table[i].slot, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &status);
+    if (r != CUDA_SUCCESS || !*table[i].slot || status != CU_GET_PROC_ADDRESS_SUCCESS)
+      return snprintf(why, cap, "libcuda.so.1 lacks %s (result %d, status %d)", table[i].name, (int)r, (int)status), -1;
+  }
+  return 0;
+}
+
+static const char *cu_name(CUresult r) {
+  const char *name = NULL;
+  return cu.get_error_name && cu.get_error_name(r, &name) == CUDA_SUCCESS && name ? name : "CUDA_ERROR_UNRECOGNIZED";
+}
+
+/* ---- A tiny harness ------------------------------------------------------------------ */
+
+static char why[1200];
+static vmm_arena *arena;         /* the current test's arena, destroyed by the runner */
+static CUstream stream_a, stream_b, stream_c;
+static unsigned char *host;      /* read-back buffer */
+static size_t host_cap = 64 * MiB;
+
+#define EXPECT(cond, ...)                                   \
+  do {                                                      \
+    if (!(cond)) {                                          \
+      int n_ = snprintf(why, sizeof why, "line %d: ", __LINE__); \
+      snprintf(why + n_, sizeof why - (size_t)n_, __VA_ARGS__); \
+      return 0;                                             \
+    }                                                       \
+  } while (0)
+#define CU(call)                                                                    \
+  do {                                                                              \
+    CUresult r_ = (call);                                                           \
+    EXPECT(r_ == CUDA_SUCCESS, "%s returned %s (%d)", #call, cu_name(r_), (int)r_); \
+  } while (0)
+#define VMM(call)                                                                                  \
+  do {                                                                                             \
+    vmm_status s_ = (call);                                                                        \
+    EXPECT(s_ == VMM_OK, "%s returned %s: %s", #call, vmm_status_name(s_), vmm_arena_last_error(arena)); \
+  } while (0)
+
+static vmm_config config(int retain, size_t limit) {
+  vmm_config cfg;
+  vmm_config_init(&cfg);
+  cfg.retain = retain ? VMM_RETAIN_ON : VMM_RETAIN_OFF;
+  cfg.limit_bytes = limit;
+  cfg.reserve_bytes = 8 * GiB;
+  cfg.log_level = 0;
+  return cfg;
+}
+
+static int make_arena(int retain, size_t limit) {
+  vmm_config cfg = config(retain, limit);
+  vmm_status s = vmm_arena_create(&cfg, &arena);
+  EXPECT(s == VMM_OK, "vmm_arena_create: %s: %s", vmm_status_name(s), vmm_create_error());
+  return 1;
+}
+
+static vmm_snapshot snap(void) {
+  vmm_snapshot s;
+  memset(&s, 0, sizeof s);
+  vmm_arena_snapshot(arena, &s);
+  return s;
+}
+
+static uint64_t driver_failures(const vmm_snapshot *s) {
+  uint64_t n = 0;
+  for (int e = 0; e < VMM_DRV_ENTRY_COUNT; e++) n += s->driver[e].failures;
+  return n;
+}
+
+static size_t device_free(void) {
+  size_t free_b = 0, total_b = 0;
+  cu.mem_get_info(&free_b, &total_b);
+  return free_b;
+}
+
+static CUresult copy_result; /* of the latest read-back */
+
+/* Index of the first byte of [ptr, ptr + n) that is not `value` (or that could not be read
+ * back: copy_result says), or -1 if every byte is `value`. */
+static long first_mismatch(void *ptr, size_t n, unsigned char value) {
+  for (size_t done = 0; done < n; done += host_cap) {
+    size_t chunk = n - done < host_cap ? n - done : host_cap;
+    copy_result = cu.memcpy_dtoh(host, (CUdeviceptr)(uintptr_t)ptr + done, chunk);
+    if (copy_result != CUDA_SUCCESS) return (long)done;
+    for (size_t i = 0; i < chunk; i++)
+      if (host[i] != value) return (long)(done + i);
+  }
+  return -1;
+}
+
+#define EXPECT_FILLED(ptr, n, value)                                                                      \
+  do {                                                                                                    \
+    long at_ = first_mismatch((ptr), (n), (value));                                                       \
+    EXPECT(at_ < 0, "byte %ld of %p is 0x%02x, expected 0x%02x (read-back %s)", at_, (void *)(ptr),        \
+           at_ >= 0 && copy_result == CUDA_SUCCESS ? host[at_ % (long)host_cap] : 0, (value), cu_name(copy_result)); \
+  } while (0)
+
+static void *dptr_add(void *p, size_t off) { return (void *)((uintptr_t)p + off); }
+
+/* ---- Tests --------------------------------------------------------------------------- */
+
+static int test_create_reports_granularity(void) {
+  if (!make_arena(0, 0)) return 0;
+  size_t g = vmm_arena_granularity(arena);
+  EXPECT(g && !(g & (g - 1)), "granularity %zu is not a power of two", g);
+  vmm_snapshot s = snap();
+  EXPECT(s.physical_bytes == 0 && s.reserved_va_bytes == 0, "fresh arena holds %llu B, reserves %llu B",
+         (unsigned long long)s.physical_bytes, (unsigned long long)s.reserved_va_bytes);
+  printf("  granularity %zu B, integrated %d\n", g, s.integrated);
+  return 1;
+}
+
+static int test_package_alloc_fill_free(void) {
+  if (!make_arena(0, 0)) return 0;
+  size_t before = device_free();
+  void *p = NULL;
+  VMM(vmm_arena_alloc(arena, 3 * MiB, VMM_KIND_PACKAGE, NULL, &p));
+  vmm_snapshot s = snap();
+  EXPECT(s.kind[VMM_KIND_PACKAGE].live_bytes == 4 * MiB && s.physical_bytes == 4 * MiB,
+         "3 MiB request: live %llu B, physical %llu B", (unsigned long long)s.kind[VMM_KIND_PACKAGE].live_bytes,
+         (unsigned long long)s.physical_bytes);
+  CU(cu.memset_d8((CUdeviceptr)(uintptr_t)p, 0x3c, 4 * MiB)); /* the whole extent is usable */
+  EXPECT_FILLED(p, 4 * MiB, 0x3c);
+  VMM(vmm_arena_free(arena, p, NULL));
+  s = snap();
+  EXPECT(s.physical_bytes == 0 && s.mapped_bytes == 0, "after free: physical %llu B, mapped %llu B",
+         (unsigned long long)s.physical_bytes, (unsigned long long)s.mapped_bytes);
+  size_t after = device_free();
+  EXPECT(after + 2 * MiB >= before, "device free memory %zu B before, %zu B after", before, after);
+  return 1;
+}
+
+static int test_bad_frees_change_nothing(void) {
+  if (!make_arena(0, 0)) return 0;
+  void *p = NULL;
+  VMM(vmm_arena_alloc(arena, 4 * MiB, VMM_KIND_PACKAGE, NULL, &p));
+  EXPECT(vmm_arena_free(arena, dptr_add(p, 4096), NULL) == VMM_ERR_UNKNOWN_POINTER, "interior free accepted");
+  EXPECT(strstr(vmm_arena_last_error(arena), "interior pointer"), "message: %s", vmm_arena_last_error(arena));
+  EXPECT(vmm_arena_free(arena, (void *)(uintptr_t)0x1000, NULL) == VMM_ERR_UNKNOWN_POINTER, "unknown free accepted");
+  EXPECT(snap().kind[VMM_KIND_PACKAGE].live_count == 1, "a refused free changed the arena");
+  CU(cu.memset_d8((CUdeviceptr)(uintptr_t)p, 0x01, 4 * MiB));
+  VMM(vmm_arena_free(arena, p, NULL));
+  EXPECT(vmm_arena_free(arena, p, NULL) == VMM_ERR_UNKNOWN_POINTER, "second free accepted");
+  EXPECT(snap().physical_bytes == 0, "physical memory left after free");
+  return 1;
+}
+
+static int test_scope_pool_reuse_and_finish(void) {
+  if (!make_arena(1, 0)) return 0;
+  size_t before = device_free();
+  VMM(vmm_retention_begin(arena));
+  void *p = NULL, *q = NULL;
+  VMM(vmm_arena_alloc(arena, 8 * MiB, VMM_KIND_TRANSIENT, stream_a, &p));
+  CU(cu.memset_d8((CUdeviceptr)(uintptr_t)p, 0x11, 8 * MiB));
+  VMM(vmm_arena_free(arena, p, stream_a));
+  vmm_snapshot s = snap();
+  EXPECT(s.retained_reusable_handles == 1 && s.physical_bytes == 8 * MiB, "after free in scope: %llu pooled, %llu B physical",
+         (unsigned long long)s.retained_reusable_handles, (unsigned long long)s.physical_bytes);
+  VMM(vmm_arena_alloc(arena, 8 * MiB, VMM_KIND_TRANSIENT, stream_a, &q));
+  EXPECT(q == p, "pool miss: got %p, pooled %p", q, p);
+  EXPECT(snap().pool_hits == 1, "pool hits %llu", (unsigned long long)snap().pool_hits);
+  EXPECT_FILLED(q, 8 * MiB, 0x11); /* the mapping stayed live: its bytes are still there */
+  VMM(vmm_arena_free(arena, q, stream_a));
+  VMM(vmm_retention_finish(arena));
+  s = snap();
+  EXPECT(s.physical_bytes == 0 && s.retained_reusable_handles == 0 && s.scopes_finished == 1,
+         "after finish: %llu B physical, %llu pooled", (unsigned long long)s.physical_bytes,
+         (unsigned long long)s.retained_reusable_handles);
+  EXPECT(device_free() + 2 * MiB >= before, "device memory not back after finish");
+  return 1;
+}
+
+static void CUDA_CB hold_stream(void *arg) { usleep((useconds_t)(uintptr_t)arg); }
+
+static int test_reuse_on_another_stream_waits_for_the_first(void) {
+  if (!make_arena(1, 0)) return 0;
+  const size_t n = 32 * MiB;
+  VMM(vmm_retention_begin(arena));
+  void *p = NULL, *q = NULL;
+  VMM(vmm_arena_alloc(arena, n, VMM_KIND_TRANSIENT, stream_a, &p));
+  /* Stream A: blocked for 300 ms by a host function, then writes 0x11. */
+  CU(cu.launch_host_func(stream_a, hold_stream, (void *)(uintptr_t)300000));
+  CU(cu.memset_d8_async((CUdeviceptr)(uintptr_t)p, 0x11, n, stream_a));
+  VMM(vmm_arena_free(arena, p, stream_a));
+  EXPECT(cu.stream_query(stream_a) == CUDA_ERROR_NOT_READY, "the free synchronized stream A (pooling must not)");
+  /* Stream B reuses the mapping and writes 0x22: it must run after A's write. */
+  VMM(vmm_arena_alloc(arena, n, VMM_KIND_TRANSIENT, stream_b, &q));
+  EXPECT(q == p, "no reuse across streams: got %p, pooled %p", q, p);
+  CU(cu.memset_d8_async((CUdeviceptr)(uintptr_t)q, 0x22, n, stream_b));
+  EXPECT(cu.stream_query(stream_a) == CUDA_ERROR_NOT_READY, "stream A finished too early: the test proves nothing");
+  CU(cu.ctx_synchronize());
+  EXPECT_FILLED(q, n, 0x22);
+  VMM(vmm_arena_free(arena, q, stream_b));
+  VMM(vmm_retention_finish(arena));
+  EXPECT(snap().physical_bytes == 0, "physical memory left after finish");
+  return 1;
+}
+
+static int test_stitching_on_the_real_driver(void) {
+  if (!make_arena(1, 64 * MiB)) return 0;
+  VMM(vmm_retention_begin(arena));
+  void *piece[4], *q = NULL, *again = NULL, *refused = NULL;
+  for (int i = 0; i < 4; i++) {
+    VMM(vmm_arena_alloc(arena, 16 * MiB, VMM_KIND_TRANSIENT, stream_a, &piece[i]));
+    CU(cu.memset_d8((CUdeviceptr)(uintptr_t)piece[i], (unsigned char)(0x40 + i), 16 * MiB));
+  }
+  for (int i = 0; i < 4; i++) VMM(vmm_arena_free(arena, piece[i], stream_a));
+  /* 48 MiB: new memory is refused by the 64 MiB limit, no pooled mapping is big enough, so
+   * three idle 16 MiB handles are unmapped and mapped back to back in a fresh range. */
+  VMM(vmm_arena_alloc(arena, 48 * MiB, VMM_KIND_TRANSIENT, stream_a, &q));
+  vmm_snapshot s = snap();
+  EXPECT(s.stitches == 1 && s.physical_bytes == 64 * MiB, "stitches %llu, physical %llu B",
+         (unsigned long long)s.stitches, (unsigned long long)s.physical_bytes);
+  CU(cu.memset_d8((CUdeviceptr)(uintptr_t)q, 0xa5, 48 * MiB)); /* across both handle boundaries */
+  EXPECT_FILLED(q, 48 * MiB, 0xa5);
+  EXPECT(vmm_arena_alloc(arena, 2 * MiB, VMM_KIND_PACKAGE, NULL, &refused) == VMM_ERR_OUT_OF_MEMORY, "limit not enforced");
+  EXPECT(strstr(vmm_arena_last_error(arena), "limit 64.0 MiB < 64.0 MiB held + 2.0 MiB requested"), "message: %s",
+         vmm_arena_last_error(arena));
+  VMM(vmm_arena_free(arena, q, stream_a)); /* the stitched mapping goes to the pool whole */
+  VMM(vmm_arena_alloc(arena, 48 * MiB, VMM_KIND_TRANSIENT, stream_a, &again));
+  EXPECT(again == q, "stitched mapping not reused: %p, pooled %p", again, q);
+  EXPECT_FILLED(again, 48 * MiB, 0xa5);
+  VMM(vmm_arena_free(arena, again, stream_a));
+  VMM(vmm_retention_finish(arena)); /* unmaps the 3-handle extent in one call */
+  s = snap();
+  EXPECT(s.physical_bytes == 0 && s.mapped_bytes == 0, "after finish: physical %llu B, mapped %llu B",
+         (unsigned long long)s.physical_bytes, (unsigned long long)s.mapped_bytes);
+  EXPECT(driver_failures(&s) == 0, "%llu driver calls failed (cuMemUnmap %llu, cuMemSetAccess %llu, cuMemMap %llu)",
+         (unsigned long long)driver_failures(&s), (unsigned long long)s.driver[VMM_DRV_mem_unmap].failures,
+         (unsigned long long)s.driver[VMM_DRV_mem_set_access].failures,
+         (unsigned long long)s.driver[VMM_DRV_mem_map].failures);
+  printf("  stitched 3 x 16 MiB handles into 48 MiB at %p; access and unmap over the whole extent: ok\n", q);
+  return 1;
+}
+
+static int test_allocation_and_free_during_capture(void) {
+  if (!make_arena(0, 0)) return 0;
+  void *p = NULL, *small = NULL;
+  CUgraph graph = NULL;
+  CUgraphExec exec = NULL;
+  /* Allocation on a capturing stream (relaxed mode, as PyTorch's caching allocator uses). */
+  CU(cu.stream_begin_capture(stream_c, CU_STREAM_CAPTURE_MODE_RELAXED));
+  vmm_status st = vmm_arena_alloc(arena, 8 * MiB, VMM_KIND_PACKAGE, stream_c, &p);
+  if (st == VMM_OK) cu.memset_d8_async((CUdeviceptr)(uintptr_t)p, 0x5a, 8 * MiB, stream_c);
+  CUresult end = cu.stream_end_capture(stream_c, &graph);
+  EXPECT(st == VMM_OK, "alloc during capture: %s: %s", vmm_status_name(st), vmm_arena_last_error(arena));
+  EXPECT(end == CUDA_SUCCESS, "the capture was invalidated: %s", cu_name(end));
+  CU(cu.graph_instantiate(&exec, graph, 0));
+  CU(cu.graph_launch(exec, stream_c));
+  CU(cu.ctx_synchronize());
+  EXPECT_FILLED(p, 8 * MiB, 0x5a);
+  cu.graph_exec_destroy(exec);
+  cu.graph_destroy(graph);
+  graph = NULL;
+  /* A free on a capturing stream must not synchronize it: it is deferred. */
+  CU(cu.stream_begin_capture(stream_c, CU_STREAM_CAPTURE_MODE_RELAXED));
+  st = vmm_arena_free(arena, p, stream_c);
+  end = cu.stream_end_capture(stream_c, &graph);
+  if (graph) cu.graph_destroy(graph);
+  EXPECT(st == VMM_OK, "free during capture: %s: %s", vmm_status_name(st), vmm_arena_last_error(arena));
+  EXPECT(end == CUDA_SUCCESS, "the free broke the capture: %s", cu_name(end));
+  vmm_snapshot s = snap();
+  EXPECT(s.deferred_frees == 1 && s.physical_bytes == 8 * MiB, "deferred frees %llu, physical %llu B",
+         (unsigned long long)s.deferred_frees, (unsigned long long)s.physical_bytes);
+  VMM(vmm_arena_alloc(arena, 2 * MiB, VMM_KIND_PACKAGE, NULL, &small)); /* processes the deferred free */
+  EXPECT(snap().physical_bytes == 2 * MiB, "deferred free not completed: physical %llu B",
+         (unsigned long long)snap().physical_bytes);
+  VMM(vmm_arena_free(arena, small, NULL));
+  return 1;
+}
+
+/* Not a pass/fail test: whether the driver allows the arena's calls in a global-mode capture. */
+static void report_global_mode_capture(void) {
+  if (!make_arena(0, 0)) return;
+  void *p = NULL;
+  CUgraph graph = NULL;
+  if (cu.stream_begin_capture(stream_c, CU_STREAM_CAPTURE_MODE_GLOBAL) != CUDA_SUCCESS) return;
+  vmm_status st = vmm_arena_alloc(arena, 2 * MiB, VMM_KIND_PACKAGE, stream_c, &p);
+  CUresult end = cu.stream_end_capture(stream_c, &graph);
+  printf("  info: allocation in a global-mode capture: %s%s%s; capture end: %s\n", vmm_status_name(st),
+         st == VMM_OK ? "" : ": ", st == VMM_OK ? "" : vmm_arena_last_error(arena), cu_name(end));
+  if (graph) cu.graph_destroy(graph);
+  if (p) vmm_arena_free(arena, p, NULL);
+}
+
+static int test_out_of_memory_is_recoverable(void) {
+  if (!make_arena(0, 0)) return 0;
+  size_t free_b = 0, total_b = 0;
+  CU(cu.mem_get_info(&free_b, &total_b));
+  void *p = NULL;
+  vmm_status st = vmm_arena_alloc(arena, total_b + GiB, VMM_KIND_PACKAGE, NULL, &p);
+  EXPECT(st == VMM_ERR_OUT_OF_MEMORY && !p, "request larger than the card: %s", vmm_status_name(st));
+  const char *msg = vmm_arena_last_error(arena);
+  EXPECT(strstr(msg, "refused") && strstr(msg, "CUDA_ERROR_OUT_OF_MEMORY") && strstr(msg, "device free"), "message: %s", msg);
+  const char *fatal = NULL;
+  EXPECT(vmm_arena_fatal_error(arena, &fatal) == VMM_OK, "out of memory recorded as fatal: %s", fatal);
+  vmm_snapshot s = snap();
+  EXPECT(s.physical_bytes == 0 && s.oom_refusals == 1, "after OOM: physical %llu B, refusals %llu",
+         (unsigned long long)s.physical_bytes, (unsigned long long)s.oom_refusals);
+  VMM(vmm_arena_alloc(arena, 2 * MiB, VMM_KIND_PACKAGE, NULL, &p));
+  VMM(vmm_arena_free(arena, p, NULL));
+  printf("  %s\n", msg);
+  return 1;
+}
+
+static int test_abort_keeps_memory_until_destroy(void) {
+  if (!make_arena(1, 0)) return 0;
+  size_t before = device_free();
+  VMM(vmm_retention_begin(arena));
+  void *t = NULL, *p = NULL;
+  VMM(vmm_arena_alloc(arena, 8 * MiB, VMM_KIND_TRANSIENT, stream_a, &t));
+  VMM(vmm_arena_alloc(arena, 4 * MiB, VMM_KIND_PACKAGE, stream_a, &p));
+  VMM(vmm_arena_free(arena, t, stream_a));
+  VMM(vmm_retention_abort(arena));
+  VMM(vmm_arena_free(arena, p, stream_a)); /* allocated in the aborted scope: abandoned */
+  vmm_snapshot s = snap();
+  uint64_t abandoned = s.kind[VMM_KIND_TRANSIENT].abandoned_bytes + s.kind[VMM_KIND_PACKAGE].abandoned_bytes;
+  EXPECT(abandoned == 12 * MiB && s.physical_bytes == 12 * MiB, "abandoned %llu B, physical %llu B",
+         (unsigned long long)abandoned, (unsigned long long)s.physical_bytes);
+  vmm_arena_destroy(arena);
+  arena = NULL;
+  EXPECT(device_free() + 2 * MiB >= before, "destroy did not give the abandoned memory back");
+  return 1;
+}
+
+/* ---- Runner -------------------------------------------------------------------------- */
+
+static int passed, failed;
+
+static void run(const char *name, int (*test)(void)) {
+  why[0] = '\0';
+  int ok = test();
+  if (arena) {
+    if (ok) {
+      char broken[256] = "";
+      if (vmm_arena_check(arena, broken, sizeof broken)) {
+        snprintf(why, sizeof why, "invariant check: %s", broken);
+        ok = 0;
+      }
+    }
+    vmm_arena_destroy(arena);
+    arena = NULL;
+  }
+  if (ok) passed++;
+  else failed++;
+  printf("%s %s%s%s\n", ok ? "PASS" : "FAIL", name, ok ? "" : ": ", ok ? "" : why);
+  fflush(stdout);
+}
+
+int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  char err[256] = "";
+  CUdevice dev = 0;
+  CUcontext ctx = NULL;
+  CUresult r = CUDA_SUCCESS;
+  if (load_driver(err, sizeof err) == 0 &&
+      ((r = cu.init(0)) || (r = cu.device_get(&dev, 0)) || (r = cu.primary_ctx_retain(&ctx, dev)) ||
+       (r = cu.ctx_set_current(ctx))))
+    snprintf(err, sizeof err, "%s", cu_name(r));
+  if (err[0]) {
+    printf("FAIL setup: no usable CUDA device 0 (%s)\ncore-gpu: 0 passed, 1 failed\n", err);
+    return 1;
+  }
+  host = malloc(host_cap);
+  if (!host || cu.stream_create(&stream_a, CU_STREAM_NON_BLOCKING) || cu.stream_create(&stream_b, CU_STREAM_NON_BLOCKING) ||
+      cu.stream_create(&stream_c, CU_STREAM_NON_BLOCKING)) {
+    printf("FAIL setup: streams or host buffer\ncore-gpu: 0 passed, 1 failed\n");
+    return 1;
+  }
+  size_t start_free = device_free();
+
+  run("create_reports_granularity", test_create_reports_granularity);
+  run("package_alloc_fill_free", test_package_alloc_fill_free);
+  run("bad_frees_change_nothing", test_bad_frees_change_nothing);
+  run("scope_pool_reuse_and_finish", test_scope_pool_reuse_and_finish);
+  run("reuse_on_another_stream_waits_for_the_first", test_reuse_on_another_stream_waits_for_the_first);
+  run("stitching_on_the_real_driver", test_stitching_on_the_real_driver);
+  run("allocation_and_free_during_capture", test_allocation_and_free_during_capture);
+  report_global_mode_capture();
+  vmm_arena_destroy(arena);
+  arena = NULL;
+  run("out_of_memory_is_recoverable", test_out_of_memory_is_recoverable);
+  run("abort_keeps_memory_until_destroy", test_abort_keeps_memory_until_destroy);
+
+  cu.ctx_synchronize();
+  size_t end_free = device_free();
+  int released = end_free + 2 * MiB >= start_free;
+  if (released) passed++;
+  else failed++;
+  printf("%s everything_released: device free memory %zu B at start, %zu B at end\n", released ? "PASS" : "FAIL",
+         start_free, end_free);
+  printf("core-gpu: %d passed, %d failed\n", passed, failed);
+  cu.stream_destroy(stream_a);
+  cu.stream_destroy(stream_b);
+  cu.stream_destroy(stream_c);
+  free(host);
+  cu.primary_ctx_release(dev);
+  return failed ? 1 : 0;
+}

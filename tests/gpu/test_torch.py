@@ -1,0 +1,452 @@
+"""GPU tests of libvmmarena_torch.so and the vmmarena package under PyTorch (run by
+tests/gpu/run; needs a CUDA GPU, torch, VMMARENA_LIBRARY and PYTHONPATH=shim/python).
+
+Run as a script: the tests share one process (one arena), run in order, and print a line each
+and "torch: N passed, M failed". Settings that must hold from the arena's creation on
+(VMMARENA_LIMIT, VMMARENA_REUSE, use_as_default) run in child processes of this same file.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+os.environ.setdefault("VMMARENA_RETAIN", "on")  # discrete GPUs retain only when asked
+os.environ.setdefault("VMMARENA_LOG", "off")  # refusals are expected here; the tests read them
+
+import torch  # noqa: E402
+
+import vmmarena  # noqa: E402
+
+MiB = 1 << 20
+GiB = 1 << 30
+DEV = 0
+SLEEP_CYCLES = 1_000_000_000  # torch.cuda._sleep: about half a second at H200 clocks
+
+
+# ---- Workloads (the same code runs on PyTorch's allocator and on vmmarena) -------------
+
+
+class Block(torch.nn.Module):
+    """A pre-norm transformer block: attention and an MLP, each with a residual."""
+
+    def __init__(self, width=256, heads=8):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = torch.nn.LayerNorm(width)
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.proj = torch.nn.Linear(width, width)
+        self.norm2 = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, 4 * width)
+        self.down = torch.nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, t, c))
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
+
+
+def build_model(seed=1):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(Block(), Block(), torch.nn.Linear(256, 256)).eval().cuda()
+
+
+def make_input(seed, batch=8, seq=256):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, seq, 256, generator=g).cuda()
+
+
+def matmul_product():
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(2048, 2048, device="cuda", generator=g)
+    b = torch.randn(2048, 2048, device="cuda", generator=g)
+    return a @ b
+
+
+def containing(snap, ptr):
+    for m in snap["mappings"]:
+        base = int(m["base"], 16)
+        if base <= ptr < base + m["extent"]:
+            return m
+    return None
+
+
+def assert_same(out, ref, what):
+    if not torch.equal(out, ref):
+        diff = (out - ref).abs().max().item()
+        raise AssertionError(f"{what}: differs from PyTorch's allocator (max abs diff {diff:g})")
+
+
+# ---- Child processes: settings fixed at arena creation ---------------------------------
+
+
+def child(mode, env):
+    """Runs this file as `--child mode` with `env` added; returns its RESULT json."""
+    full = dict(os.environ, **env)
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", mode],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise AssertionError(f"child {mode} {env} failed (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def child_warmups():
+    storage = vmmarena.Storage(DEV)
+    model, x = build_model(), make_input(3)
+    model(x)  # cuBLAS workspaces on PyTorch's allocator, not in step 1's pool
+    physical, hits, creates = [], [], []
+    with torch.no_grad(), storage.retain_transient_backing():
+        for _ in range(12):
+            with storage.transient():
+                model(x)
+            snap = storage.snapshot()
+            physical.append(snap["totals"]["physical_bytes"])
+            hits.append(snap["pool"]["hits"])
+            creates.append(snap["driver"]["cuMemCreate"]["calls"])
+    return {"physical": physical, "hits": hits, "creates": creates}
+
+
+def child_limit():
+    storage = vmmarena.Storage(DEV)
+    held, notes = [], []
+    try:
+        with storage.package():
+            for _ in range(8):
+                held.append(torch.empty(GiB, dtype=torch.uint8, device="cuda"))
+    except torch.OutOfMemoryError as e:
+        notes = getattr(e, "__notes__", [])
+    snap = storage.snapshot()
+    return {
+        "count": len(held),
+        "message": storage.last_error(),
+        "notes": notes,
+        "physical": snap["totals"]["physical_bytes"],
+        "limit_refusals": snap["refusals"]["limit"],
+    }
+
+
+def child_bad_config():
+    try:
+        vmmarena.Storage(DEV)
+        storage_error = None
+    except ValueError as e:
+        storage_error = str(e)
+    pool = torch.cuda.MemPool(vmmarena.allocator("package").allocator())
+    oom = False
+    try:
+        with torch.cuda.use_mem_pool(pool):
+            torch.empty(MiB, device="cuda")
+    except torch.OutOfMemoryError:
+        oom = True
+    return {"storage_error": storage_error, "oom": oom, "last_error": vmmarena.last_error(DEV)}
+
+
+def child_default():
+    vmmarena.use_as_default()
+    a = torch.randn(512, 512, device="cuda")
+    product = a @ a
+    torch.cuda.synchronize()
+    close = torch.allclose(product.cpu(), a.cpu() @ a.cpu(), rtol=1e-3, atol=1e-3)
+    errors = []
+    try:
+        vmmarena.use_as_default()
+    except vmmarena.VmmarenaError as e:
+        errors.append(str(e))
+    try:
+        with vmmarena.Storage(DEV).package():
+            pass
+    except vmmarena.VmmarenaError as e:
+        errors.append(str(e))
+    snap = vmmarena.snapshot(DEV)
+    return {"close": close, "package_live": snap["kinds"]["package"]["live_count"], "errors": errors}
+
+
+CHILDREN = {"warmups": child_warmups, "limit": child_limit, "bad_config": child_bad_config, "default": child_default}
+
+
+# ---- Tests ------------------------------------------------------------------------------
+
+storage = None
+MODEL = X = REF = None
+CAPTURE_STREAM = None
+
+
+def setup():
+    """Kernels, cuBLAS workspaces (default and capture stream) and references, all on
+    PyTorch's own allocator, before any pool exists."""
+    global storage, REF, CAPTURE_STREAM
+    torch.set_grad_enabled(False)
+    torch.cuda.set_device(DEV)
+    CAPTURE_STREAM = torch.cuda.Stream()
+    ref_model, x = build_model(), make_input(3)
+    REF = {"matmul": matmul_product(), "model": ref_model(x)}
+    with torch.cuda.stream(CAPTURE_STREAM):
+        ref_model(x)
+        matmul_product()
+    torch.cuda.synchronize()
+    del ref_model, x
+    storage = vmmarena.Storage(DEV)
+
+
+def test_matmul_matches_default_allocator():
+    with storage.package():
+        out = matmul_product()
+    m = containing(storage.snapshot(), out.data_ptr())
+    assert m and m["kind"] == "package", f"package result not in a package mapping: {m}"
+    assert_same(out, REF["matmul"], "matmul in package()")
+    with storage.transient():
+        step_out = matmul_product()
+        m = containing(storage.snapshot(), step_out.data_ptr())
+        assert m and m["kind"] == "transient" and m["state"] == "live", f"step result mapping: {m}"
+        assert_same(step_out, REF["matmul"], "matmul in transient()")
+        del step_out
+    assert storage.snapshot()["stray_transient"]["count"] == 0, "the step left transient memory behind"
+
+
+def test_model_forward_matches_default_allocator():
+    global MODEL, X
+    with storage.package():
+        MODEL, X = build_model(), make_input(3)
+        assert_same(MODEL(X), REF["model"], "model forward in package()")
+    assert containing(storage.snapshot(), MODEL[0].qkv.weight.data_ptr())["kind"] == "package"
+    with storage.transient():
+        assert_same(MODEL(X), REF["model"], "model forward in transient()")
+
+
+def test_twelve_warmups_reuse_the_first_steps_mappings():
+    storage.release()
+    s0 = storage.snapshot()
+    with storage.retain_transient_backing():
+        for step in range(12):
+            with storage.transient():
+                MODEL(X)
+            if step == 0:
+                s1 = storage.snapshot()
+        s12 = storage.snapshot()
+    end = storage.snapshot()
+    made = s1["pool"]["misses"] - s0["pool"]["misses"]
+    kept = s1["stray_transient"]["count"]  # segments step 1 did not give back
+    hits = s12["pool"]["hits"] - s1["pool"]["hits"]
+    grown = s1["totals"]["physical_bytes"] - s0["totals"]["physical_bytes"]
+    print(f"  step 1 mapped {made} segment(s), {grown / MiB:.0f} MiB ({kept} kept); steps 2-12: {hits} pool hits")
+    assert made >= 1 and grown > 0, f"step 1 made {made} mappings, {grown} bytes"
+    assert s12["pool"]["misses"] == s1["pool"]["misses"], "a later step needed new memory"
+    assert hits == 11 * (made - kept), f"{hits} hits for 11 steps of {made - kept} returned segments"
+    assert s12["totals"]["physical_bytes"] == s1["totals"]["physical_bytes"], "physical memory grew"
+    assert end["pool"]["retained_reusable_handles"] == 0, "finish left the pool full"
+    assert end["totals"]["physical_bytes"] == s0["totals"]["physical_bytes"], "finish did not release"
+
+
+def test_without_reuse_or_retention_no_mapping_is_reused():
+    none = child("warmups", {"VMMARENA_REUSE": "none"})
+    off = child("warmups", {"VMMARENA_RETAIN": "off"})
+    on = child("warmups", {})
+    print(f"  physical after steps 1 and 12: reuse none {none['physical'][0] // MiB} -> "
+          f"{none['physical'][-1] // MiB} MiB, retain off {off['physical'][0] // MiB} -> {off['physical'][-1] // MiB} MiB, "
+          f"exact {on['physical'][0] // MiB} -> {on['physical'][-1] // MiB} MiB")
+    assert none["hits"][-1] == 0 and off["hits"][-1] == 0, (none["hits"], off["hits"])
+    assert none["physical"][-1] >= 10 * none["physical"][0] > 0, f"reuse none did not grow: {none['physical']}"
+    per_step = off["creates"][0]
+    assert off["creates"][-1] >= 12 * per_step > 0, f"retain off: cuMemCreate calls {off['creates']}"
+    assert on["physical"][-1] == on["physical"][0] and on["hits"][-1] > 0, (on["physical"], on["hits"])
+
+
+def test_graph_captured_in_a_step_replays_after_finish():
+    storage.release()
+    g = torch.cuda.CUDAGraph()
+    with storage.retain_transient_backing():
+        with storage.transient():
+            static_x = X.clone()
+            allocs = storage.snapshot()["totals"]["allocs"]
+            with storage.graph(g, stream=CAPTURE_STREAM):
+                static_y = MODEL(static_x)
+                scratch = torch.ones(64 * MiB // 4, device="cuda")  # needs a new segment
+                static_sum = scratch.sum()
+            made_in_capture = storage.snapshot()["totals"]["allocs"] - allocs
+            g.replay()
+            torch.cuda.synchronize()
+            assert_same(static_y, MODEL(static_x), "graph replay in the step")
+    strays = storage.snapshot()["stray_transient"]
+    x_next = make_input(11)
+    static_x.copy_(x_next)
+    g.replay()  # after the scope finished
+    torch.cuda.synchronize()
+    assert made_in_capture >= 1, "no segment was allocated during capture"
+    assert static_sum.item() == 64 * MiB // 4
+    assert_same(static_y, MODEL(x_next), "graph replay after finish")
+    assert strays["count"] >= 1, "the graph's memory is not reported outside the step"
+    del g, static_x, static_y, scratch, static_sum
+    storage.release()
+    assert storage.snapshot()["stray_transient"]["count"] == 0, "graph memory not returned"
+
+
+def test_graph_captured_into_the_package_pool():
+    g = torch.cuda.CUDAGraph()
+    with storage.package():
+        a = torch.randn(1024, 1024, device="cuda")
+    allocs = storage.snapshot()["totals"]["allocs"]
+    with storage.graph(g, stream=CAPTURE_STREAM):  # outside any context: package memory
+        y = torch.relu(a @ a) + 1
+    assert storage.snapshot()["totals"]["allocs"] > allocs, "the capture allocated nothing from vmmarena"
+    a.copy_(torch.randn(1024, 1024, device="cuda"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert containing(storage.snapshot(), y.data_ptr())["kind"] == "package"
+    assert_same(y, torch.relu(a @ a) + 1, "package graph replay")
+    del g, a, y
+
+
+def test_reuse_on_another_stream_while_the_first_is_busy():
+    n = 64 * MiB
+    stream_a, stream_b = torch.cuda.Stream(), torch.cuda.Stream()
+    transient = vmmarena.allocator("transient").allocator()
+    with storage.retain_transient_backing():
+        pool = torch.cuda.MemPool(transient)
+        with torch.cuda.stream(stream_a), torch.cuda.use_mem_pool(pool):
+            x = torch.empty(n, dtype=torch.uint8, device="cuda")
+        ptr = x.data_ptr()
+        with torch.cuda.stream(stream_a):
+            torch.cuda._sleep(SLEEP_CYCLES)
+            x.fill_(1)
+        del x, pool  # PyTorch frees the segment with stream A still busy: it goes to vmmarena's pool
+        pooled = storage.snapshot()["pool"]["retained_reusable_handles"]
+        pool = torch.cuda.MemPool(transient)
+        with torch.cuda.stream(stream_b), torch.cuda.use_mem_pool(pool):
+            y = torch.empty(n, dtype=torch.uint8, device="cuda")
+            y.fill_(2)
+        busy_at_reuse = not stream_a.query()
+        torch.cuda.synchronize()
+        intact = bool((y == 2).all())
+        reused = y.data_ptr() == ptr
+        del y, pool
+    assert pooled >= 1, "the segment did not reach vmmarena's pool"
+    assert reused, "stream B did not get the mapping stream A freed"
+    assert busy_at_reuse, "stream A was idle at reuse: the ordering was not exercised"
+    assert intact, "stream B's fill was overwritten by stream A's: reuse was not ordered"
+
+
+def test_out_of_memory_raises_and_changes_nothing():
+    storage.release()
+    before = storage.snapshot()
+    total = torch.cuda.get_device_properties(DEV).total_memory
+    error = None
+    try:
+        with storage.package():
+            torch.empty(total + 16 * GiB, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError as e:
+        error = e
+    after = storage.snapshot()
+    assert error is not None, "no torch.OutOfMemoryError"
+    message = storage.last_error()
+    assert "refused" in message and "CUDA_ERROR_OUT_OF_MEMORY" in message, message
+    assert any("vmmarena" in note for note in getattr(error, "__notes__", [])), "no vmmarena note on the error"
+    for key in ("physical_bytes", "mapped_bytes"):
+        assert after["totals"][key] == before["totals"][key], f"{key} changed"
+    assert after["kinds"] == before["kinds"], "live or pooled memory changed"
+    assert after["fatal_error"] is None, after["fatal_error"]
+    with storage.package():
+        ok = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda").fill_(7)
+        assert int(ok[-1]) == 7
+    print(f"  {message}")
+
+
+def test_limit_stops_allocation_with_the_numbers():
+    r = child("limit", {"VMMARENA_LIMIT": "4G"})
+    print(f"  {r['count']} x 1 GiB held; {r['message']}")
+    assert r["count"] == 4 and r["physical"] == 4 * GiB, r
+    assert "limit 4.0 GiB < 4.0 GiB held + 1.0 GiB requested" in r["message"], r["message"]
+    assert any("limit 4.0 GiB" in note for note in r["notes"]), r["notes"]
+    assert r["limit_refusals"] >= 1, r
+
+
+def test_bad_configuration_is_an_error_not_a_default():
+    r = child("bad_config", {"VMMARENA_LIMIT": "lots"})
+    assert r["storage_error"] and 'VMMARENA_LIMIT="lots"' in r["storage_error"], r
+    assert r["oom"], "allocation with a bad configuration did not fail"
+    assert 'VMMARENA_LIMIT="lots"' in r["last_error"], r["last_error"]
+
+
+def test_use_as_default():
+    try:
+        vmmarena.use_as_default()
+        raise AssertionError("use_as_default() accepted an initialized CUDA")
+    except vmmarena.VmmarenaError as e:
+        assert "before CUDA is initialized" in str(e), str(e)
+    r = child("default", {})
+    assert r["close"] and r["package_live"] >= 2, r
+    assert "already ran" in r["errors"][0] and "use_as_default('package')" in r["errors"][1], r["errors"]
+
+
+def test_tags_label_segments():
+    storage.release()
+    with storage.package(), storage.tag("weights"):
+        w = torch.empty(37 * MiB, dtype=torch.uint8, device="cuda")
+    snap = storage.snapshot()
+    assert containing(snap, w.data_ptr())["tag"] == "weights"
+    assert any(t["tag"] == "weights" and t["bytes"] >= 38 * MiB for t in snap["tags"]), snap["tags"]
+    del w
+
+
+def test_everything_is_released():
+    global MODEL, X
+    storage.release()
+    torch.cuda.synchronize()
+    held = storage.snapshot()["totals"]["physical_bytes"]  # MODEL and X
+    free0 = torch.cuda.mem_get_info(DEV)[0]
+    with storage.package():
+        kept = matmul_product()
+    with storage.retain_transient_backing():
+        for _ in range(3):
+            with storage.transient():
+                MODEL(X)
+                kept @ kept
+    del kept
+    storage.release()
+    free1 = torch.cuda.mem_get_info(DEV)[0]
+    assert storage.snapshot()["totals"]["physical_bytes"] == held
+    assert abs(free1 - free0) <= 2 * MiB, f"device free memory {free0} before the workload, {free1} after"
+    MODEL = X = None
+    storage.release()
+    snap = storage.snapshot()
+    free2 = torch.cuda.mem_get_info(DEV)[0]
+    assert snap["totals"]["physical_bytes"] == 0 and snap["mappings"] == [], snap["mappings"]
+    assert free2 + 2 * MiB >= free1 + held, f"{held} bytes released, device free {free1} -> {free2}"
+    storage.check()
+
+
+TESTS = [value for name, value in list(globals().items()) if name.startswith("test_")]
+
+
+def main():
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name(DEV)}, library {vmmarena.library_path()}")
+    setup()
+    passed = failed = 0
+    for test in TESTS:
+        t0 = time.time()
+        try:
+            test()
+            passed += 1
+            print(f"PASS {test.__name__} ({time.time() - t0:.1f} s)", flush=True)
+        except Exception:
+            failed += 1
+            print(f"FAIL {test.__name__} ({time.time() - t0:.1f} s)\n{traceback.format_exc()}", flush=True)
+    print(f"torch: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        torch.set_grad_enabled(False)
+        print("RESULT " + json.dumps(CHILDREN[sys.argv[2]]()), flush=True)
+        sys.exit(0)
+    sys.exit(main())

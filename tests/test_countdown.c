@@ -1,0 +1,378 @@
+/* Countdown fault injection, after SQLite's malloc tests: one scripted scenario that reaches
+ * every driver entry point the library uses is run again and again with driver call N
+ * failing, for N = 1, 2, 3 ... until a run meets no fault: once with a single failure and
+ * once with every call failing from N on, for an out-of-memory code and for a hard error.
+ *
+ * Each run checks every public call's status against the documented set (the fault-free
+ * result, or the failure the fault implies), the invariant checker after every step, the
+ * sticky first fatal error (never set by an out-of-memory fault, never rewritten once set),
+ * and, after destroy, that the fake driver's ledger is empty. Destroy itself runs with the
+ * faults cleared: it returns nothing and only logs its failures, so a fault there could only
+ * leak what the ledger check is here to catch. */
+#include <stdio.h>
+#include <string.h>
+
+#include "test_util.h"
+
+#define S1 TU_STREAM(1)
+#define S2 TU_STREAM(2)
+#define S3 TU_STREAM(3) /* captured into a graph for one step */
+
+/* Entry points the core never calls; every other one must be called by the fault-free run. */
+static const struct {
+  vmm_driver_entry entry;
+  const char *reason;
+} unused_entries[] = {
+    {VMM_DRV_driver_get_version,
+     "the binding asks cuGetProcAddress for CUDA 12 entry points and no code path depends on the driver version"},
+};
+
+static int entry_unused(vmm_driver_entry e) {
+  for (size_t i = 0; i < sizeof unused_entries / sizeof unused_entries[0]; i++)
+    if (unused_entries[i].entry == e) return 1;
+  return 0;
+}
+
+/* ---- One run ------------------------------------------------------------------------- */
+
+typedef struct run {
+  CUresult code;           /* injected result; CUDA_SUCCESS for the fault-free run */
+  int persistent;          /* every call from N on fails */
+  unsigned nth;            /* N; 0 for the fault-free run */
+  vmm_status fault_status; /* what the fault becomes at the API: OOM or DRIVER */
+  int saw_driver[2];       /* arena A, B returned VMM_ERR_DRIVER from some call */
+  vmm_status fatal_seen[2];
+  char fatal_text[2][768];
+  size_t steps;            /* public calls checked */
+} run;
+
+static run *current;
+
+/* Fails the test naming the run; `got` is the call's status, or VMM_STATUS_COUNT for a check
+ * that is no call's status. */
+static void fail_run(const char *what, vmm_status got, const char *detail) {
+  run *r = current;
+  fail_msg("run %s %s N=%u: %s%s%s: %s", r->persistent ? "persistent" : "single",
+           r->code == CUDA_SUCCESS ? "fault-free" : r->code == CUDA_ERROR_OUT_OF_MEMORY ? "OOM" : "UNKNOWN", r->nth,
+           what, got == VMM_STATUS_COUNT ? "" : " returned ", got == VMM_STATUS_COUNT ? "" : vmm_status_name(got), detail);
+}
+
+/* Invariants hold, and a fatal error once recorded never changes. */
+static void after_step(vmm_arena *a, int which) {
+  char why[256] = "";
+  if (vmm_arena_check(a, why, sizeof why)) fail_run("vmm_arena_check", VMM_STATUS_COUNT, why);
+  const char *msg = NULL;
+  vmm_status fatal = vmm_arena_fatal_error(a, &msg);
+  run *r = current;
+  if (r->code == CUDA_ERROR_OUT_OF_MEMORY && fatal != VMM_OK)
+    fail_run("vmm_arena_fatal_error after an out-of-memory fault", fatal, msg);
+  if (r->fatal_seen[which] != VMM_OK) {
+    if (fatal != r->fatal_seen[which] || strcmp(msg, r->fatal_text[which]))
+      fail_run("vmm_arena_fatal_error: the first fatal error changed", fatal, msg);
+  } else if (fatal != VMM_OK) {
+    if (fatal != VMM_ERR_DRIVER || !msg[0]) fail_run("vmm_arena_fatal_error", fatal, "not DRIVER, or no message");
+    r->fatal_seen[which] = fatal;
+    snprintf(r->fatal_text[which], sizeof r->fatal_text[which], "%s", msg);
+  }
+}
+
+/* The call returned `want` (the fault-free result) or, once a fault may have fired, the
+ * status the fault implies; `oom_ok` also admits out of memory (an allocation meeting memory
+ * that an earlier failed free left held). */
+static void expect(vmm_arena *a, int which, vmm_status got, vmm_status want, int oom_ok, const char *what) {
+  run *r = current;
+  r->steps++;
+  int faulty = r->code != CUDA_SUCCESS && fake_faults_fired() > 0;
+  int allowed = got == want || (faulty && (got == r->fault_status || (oom_ok && got == VMM_ERR_OUT_OF_MEMORY)));
+  if (!allowed) fail_run(what, got, a ? vmm_arena_last_error(a) : vmm_create_error());
+  if (got != VMM_OK && a) {
+    const char *msg = vmm_arena_last_error(a);
+    if (!msg[0] || !strpbrk(msg, "0123456789")) fail_run(what, got, "failure message without numbers");
+  }
+  if (got == VMM_ERR_DRIVER && a) r->saw_driver[which] = 1;
+  if (a) after_step(a, which);
+}
+
+static void *alloc_step(vmm_arena *a, int which, size_t bytes, vmm_kind kind, CUstream s, vmm_status want,
+                        const char *what) {
+  void *p = (void *)1;
+  vmm_status st = vmm_arena_alloc(a, bytes, kind, s, &p);
+  expect(a, which, st, want, 1, what);
+  if (st != VMM_OK) {
+    if (p) fail_run(what, st, "failed, but *out is not NULL");
+    return NULL;
+  }
+  CUdeviceptr base = (CUdeviceptr)(uintptr_t)p;
+  if (!p || base % vmm_arena_granularity(a)) fail_run(what, st, "NULL or misaligned pointer");
+  if (fake_mapped_size_at(base) == 0 || !fake_access_granted(base, vmm_arena_device(a)))
+    fail_run(what, st, "the driver has no accessible mapping at the pointer");
+  return p;
+}
+
+/* Frees *p if the allocation succeeded; the pointer is not used again either way (a free
+ * that failed leaves it to destroy). */
+static void free_step(vmm_arena *a, int which, void **p, CUstream s, const char *what) {
+  if (!*p) return;
+  expect(a, which, vmm_arena_free(a, *p, s), VMM_OK, 0, what);
+  *p = NULL;
+}
+
+/* Finish; a failed finish is retried once, and once no fault is left to fire the retry must
+ * succeed (a later finish resumes where the failed one stopped). */
+static void finish_step(vmm_arena *a, int which, int *scope) {
+  if (!*scope) {
+    expect(a, which, vmm_retention_finish(a), VMM_ERR_SCOPE_STATE, 0, "finish without a scope");
+    return;
+  }
+  vmm_status st = vmm_retention_finish(a);
+  expect(a, which, st, VMM_OK, 0, "finish");
+  if (st != VMM_OK) {
+    st = vmm_retention_finish(a);
+    expect(a, which, st, VMM_OK, 0, "finish, retried");
+    if (st != VMM_OK && !current->persistent) fail_run("finish retried after a single fault", st, vmm_arena_last_error(a));
+  }
+  *scope = st != VMM_OK;
+}
+
+static void begin_step(vmm_arena *a, int which, int *scope) {
+  /* A scope left open by a failed finish makes begin a scope error. */
+  expect(a, which, vmm_retention_begin(a), *scope ? VMM_ERR_SCOPE_STATE : VMM_OK, 0, "begin");
+  *scope = 1;
+}
+
+static void abort_step(vmm_arena *a, int which, int *scope) {
+  expect(a, which, vmm_retention_abort(a), *scope ? VMM_OK : VMM_ERR_SCOPE_STATE, 0, "abort");
+  *scope = 0;
+}
+
+static vmm_arena *create_step(const vmm_config *cfg, const char *what) {
+  vmm_arena *a = (vmm_arena *)1;
+  vmm_status st = vmm_arena_create(cfg, &a);
+  expect(NULL, 0, st, VMM_OK, 0, what);
+  if (st != VMM_OK) {
+    if (a) fail_run(what, st, "failed, but *out is not NULL");
+    if (!vmm_create_error()[0]) fail_run(what, st, "no creation error message");
+  }
+  return a;
+}
+
+static vmm_snapshot snap(vmm_arena *a) {
+  vmm_snapshot s;
+  assert_int_equal(vmm_arena_snapshot(a, &s), VMM_OK);
+  return s;
+}
+
+/* Failed calls among the log's entries `e`: each failed cuCtxPopCurrent leaves the context
+ * current on this thread and each failed cuDevicePrimaryCtxRelease leaves a retain, as the
+ * real driver would; nothing else may be left. */
+static size_t failed_calls(vmm_driver_entry e) {
+  size_t n = 0, count = fake_call_count();
+  for (size_t i = 0; i < count; i++) {
+    const fake_call *c = fake_call_at(i);
+    n += c->entry == e && c->result != CUDA_SUCCESS;
+  }
+  return n;
+}
+
+static void expect_ledger_clean(void) {
+  size_t pops = failed_calls(VMM_DRV_ctx_pop_current), releases = failed_calls(VMM_DRV_primary_ctx_release);
+  if (pops == 0 && releases == 0) {
+    if (!fake_ledger_clean()) fail_run("after destroy", VMM_STATUS_COUNT, "the fake driver's ledger is not clean");
+    return;
+  }
+  fake_ledger l;
+  fake_get_ledger(&l);
+  if (l.live_handles || l.live_mappings || l.reservations || l.live_events || l.errors || l.ctx_pushed != pops ||
+      l.primary_retained != releases) {
+    (void)fake_ledger_clean(); /* prints what is left */
+    fail_run("after destroy", VMM_STATUS_COUNT, "the ledger holds more than the failed pops and releases explain");
+  }
+}
+
+/* Fake with two discrete devices (peer access between them), 8 GiB of VA in all, and a
+ * device 0 small enough that a 16 MiB request must stitch. */
+static void reset_fake(void) {
+  fake_options o = {.device_count = 2, .va_space = 8 * GiB};
+  fake_driver_reset(&o);
+  fake_set_capacity(0, 36 * MiB);
+}
+
+/* The scenario. Arena A: device 0, peer access for device 1, 2 MiB headroom (device free
+ * memory). Arena B: device 1 seen as integrated, 1 GiB headroom (host MemAvailable). */
+static void scenario(void) {
+  run *r = current;
+  int faultless = r->code == CUDA_SUCCESS;
+  vmm_config ca = tu_config();
+  ca.peer_access_mask = (uint64_t)1 << 1;
+  ca.headroom_bytes = 2 * MiB;
+  ca.reserve_bytes = 1 * GiB;
+  vmm_arena *a = create_step(&ca, "create A (peer access, headroom)");
+  if (!a) {
+    fake_clear_faults();
+    expect_ledger_clean();
+    return;
+  }
+  int scope = 0;
+  void *p1 = alloc_step(a, 0, 6 * MiB, VMM_KIND_PACKAGE, S1, VMM_OK, "package 6 MiB");
+  begin_step(a, 0, &scope);
+  void *t1 = alloc_step(a, 0, 8 * MiB, VMM_KIND_TRANSIENT, S1, VMM_OK, "transient 8 MiB (t1)");
+  void *t2 = alloc_step(a, 0, 8 * MiB, VMM_KIND_TRANSIENT, S1, VMM_OK, "transient 8 MiB (t2)");
+  void *t1_base = t1;
+  free_step(a, 0, &t1, S1, "free t1 into the pool");
+  /* Reuse on another stream: the new stream waits on an event recorded on the freeing one. */
+  void *t3 = alloc_step(a, 0, 8 * MiB, VMM_KIND_TRANSIENT, S2, VMM_OK, "transient 8 MiB on S2 (t3)");
+  if (faultless) assert_ptr_equal(t3, t1_base);
+  free_step(a, 0, &t2, S1, "free t2 into the pool");
+  free_step(a, 0, &t3, S2, "free t3 into the pool");
+  /* 22 MiB held of 36: 16 MiB + 2 MiB headroom is refused, so the two idle 8 MiB handles
+   * are stitched. */
+  void *t4 = alloc_step(a, 0, 16 * MiB, VMM_KIND_TRANSIENT, S1, VMM_OK, "transient 16 MiB (stitched)");
+  if (faultless) {
+    vmm_snapshot s = snap(a);
+    assert_int_equal(s.stitches, 1);
+    assert_int_equal(s.pool_hits, 1);
+    assert_true(s.headroom_refusals >= 1);
+  }
+  /* A package free inside the scope unmaps and defers the release to finish. */
+  free_step(a, 0, &p1, S1, "free package in scope");
+  if (faultless) assert_int_equal(snap(a).kind[VMM_KIND_PACKAGE].retained_count, 1);
+  /* A free on a capturing stream is deferred until the capture is over. */
+  fake_set_capturing(S3, 1);
+  void *p2 = alloc_step(a, 0, 2 * MiB, VMM_KIND_PACKAGE, S3, VMM_OK, "package 2 MiB during capture");
+  free_step(a, 0, &p2, S3, "free during capture (deferred)");
+  if (faultless) assert_int_equal(snap(a).deferred_frees, 1);
+  fake_set_capturing(S3, 0);
+  expect(a, 0, vmm_arena_quiesce(a), VMM_OK, 0, "quiesce");
+  free_step(a, 0, &t4, S1, "free the stitched mapping into the pool");
+  finish_step(a, 0, &scope);
+  if (faultless) {
+    vmm_snapshot s = snap(a);
+    assert_int_equal(s.physical_bytes, 0);
+    assert_int_equal(s.scopes_finished, 1);
+  }
+  /* Second scope, aborted: its memory is held without any driver call until destroy. */
+  begin_step(a, 0, &scope);
+  void *t6 = alloc_step(a, 0, 4 * MiB, VMM_KIND_TRANSIENT, S1, VMM_OK, "transient 4 MiB (t6)");
+  void *t7 = alloc_step(a, 0, 4 * MiB, VMM_KIND_TRANSIENT, S1, VMM_OK, "transient 4 MiB (t7)");
+  free_step(a, 0, &t6, S1, "free t6 into the pool");
+  size_t calls_before_abort = fake_call_count();
+  abort_step(a, 0, &scope);
+  free_step(a, 0, &t7, S1, "free t7 of the aborted scope");
+  if (faultless) {
+    assert_int_equal(fake_call_count(), calls_before_abort); /* abort and that free made no driver call */
+    assert_int_equal(snap(a).kind[VMM_KIND_TRANSIENT].abandoned_bytes, 8 * MiB);
+  }
+
+  fake_set_integrated(1);
+  vmm_config cb = tu_config();
+  cb.device = 1;
+  cb.headroom_bytes = 1 * GiB;
+  cb.reserve_bytes = 1 * GiB;
+  vmm_arena *b = create_step(&cb, "create B (integrated, headroom)");
+  if (b) {
+    void *x1 = alloc_step(b, 1, 4 * MiB, VMM_KIND_PACKAGE, S1, VMM_OK, "B: package 4 MiB (MemAvailable)");
+    /* Larger than the VA left: the reservation fails, the handle is released, OOM. */
+    void *x2 = alloc_step(b, 1, 16 * GiB, VMM_KIND_PACKAGE, S1, VMM_ERR_OUT_OF_MEMORY, "B: package 16 GiB");
+    if (faultless) assert_non_null(strstr(vmm_arena_last_error(b), "cuMemAddressReserve returned CUDA_ERROR_OUT_OF_MEMORY"));
+    free_step(b, 1, &x2, S1, "B: free 16 GiB");
+    free_step(b, 1, &x1, S1, "B: free package");
+  }
+
+  char json[16384];
+  size_t needed = 0;
+  assert_int_equal(vmm_arena_snapshot_json(a, json, sizeof json, &needed), VMM_OK);
+  assert_int_equal(strlen(json) + 1, needed);
+  assert_int_equal(vmm_arena_snapshot_json(a, json, 16, &needed), VMM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(json[15], '\0');
+
+  fake_clear_faults();
+  after_step(a, 0);
+  if (b) after_step(b, 1);
+  for (int which = 0; which < 2; which++) {
+    vmm_arena *x = which ? b : a;
+    if (!x) continue;
+    const char *msg;
+    vmm_status fatal = vmm_arena_fatal_error(x, &msg);
+    if (faultless && fatal != VMM_OK) fail_run("fatal error after a fault-free run", fatal, msg);
+    if (r->saw_driver[which] && fatal != VMM_ERR_DRIVER) fail_run("VMM_ERR_DRIVER returned, but no fatal error", fatal, msg);
+  }
+  vmm_arena_destroy(b);
+  vmm_arena_destroy(a);
+  expect_ledger_clean();
+}
+
+/* ---- The countdowns ------------------------------------------------------------------ */
+
+static unsigned total_points;
+static unsigned points_by_entry[VMM_DRV_ENTRY_COUNT];
+
+/* Runs the scenario with call N failing for N = 1, 2, ... until a run meets no fault. */
+static void countdown(CUresult code, int persistent) {
+  unsigned points = 0;
+  size_t steps = 0;
+  for (unsigned n = 1;; n++) {
+    run r = {.code = code, .persistent = persistent, .nth = n};
+    r.fault_status = code == CUDA_ERROR_OUT_OF_MEMORY ? VMM_ERR_OUT_OF_MEMORY : VMM_ERR_DRIVER;
+    current = &r;
+    reset_fake();
+    fake_fail_nth_any(n, code, persistent);
+    scenario();
+    steps += r.steps;
+    if (fake_faults_fired() == 0) break; /* the run ended before call N */
+    const fake_call *c = fake_call_at(n - 1); /* the call that met the fault */
+    assert_int_equal(c->result, code);
+    points++;
+    points_by_entry[c->entry]++;
+    assert_true(n < 100000);
+  }
+  total_points += points;
+  printf("countdown %-10s %-26s: %u injection points, %zu checked calls, every run sound\n",
+         persistent ? "persistent" : "single", code == CUDA_ERROR_OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY" : "CUDA_ERROR_UNKNOWN",
+         points, steps);
+}
+
+static void fault_free_run_reaches_every_entry_point(void **state) {
+  (void)state;
+  run r = {.code = CUDA_SUCCESS};
+  current = &r;
+  reset_fake();
+  scenario();
+  fake_ledger l;
+  fake_get_ledger(&l);
+  for (int e = 0; e < VMM_DRV_ENTRY_COUNT; e++) {
+    if (entry_unused((vmm_driver_entry)e)) {
+      assert_int_equal(l.calls_by_entry[e], 0); /* still unused: drop it from the list if not */
+      continue;
+    }
+    if (l.calls_by_entry[e] == 0) fail_msg("the fault-free scenario never calls %s", vmm_driver_entry_name((vmm_driver_entry)e));
+  }
+  printf("fault-free scenario: %zu driver calls, %zu checked API calls; unused entry points:", l.calls, r.steps);
+  for (size_t i = 0; i < sizeof unused_entries / sizeof unused_entries[0]; i++)
+    printf(" %s (%s)", vmm_driver_entry_name(unused_entries[i].entry), unused_entries[i].reason);
+  printf("\n");
+}
+
+static void single_oom(void **state) { (void)state; countdown(CUDA_ERROR_OUT_OF_MEMORY, 0); }
+static void persistent_oom(void **state) { (void)state; countdown(CUDA_ERROR_OUT_OF_MEMORY, 1); }
+static void single_unknown(void **state) { (void)state; countdown(CUDA_ERROR_UNKNOWN, 0); }
+static void persistent_unknown(void **state) { (void)state; countdown(CUDA_ERROR_UNKNOWN, 1); }
+
+static int report(void **state) {
+  (void)state;
+  printf("injection points exercised in total: %u; by entry point:", total_points);
+  for (int e = 0; e < VMM_DRV_ENTRY_COUNT; e++)
+    if (points_by_entry[e]) printf(" %s %u", vmm_driver_entry_name((vmm_driver_entry)e), points_by_entry[e]);
+  printf("\n");
+  return 0;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(fault_free_run_reaches_every_entry_point),
+      cmocka_unit_test(single_oom),
+      cmocka_unit_test(persistent_oom),
+      cmocka_unit_test(single_unknown),
+      cmocka_unit_test(persistent_unknown),
+  };
+  return cmocka_run_group_tests(tests, NULL, report);
+}

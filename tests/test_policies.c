@@ -1,0 +1,171 @@
+/* Reuse policies: which pooled mapping each transient request inside a scope receives under
+ * exact, bounded:2, best-fit and none, and the rule that a pooled mapping is handed back
+ * whole, never split. */
+#include <stdio.h>
+#include <string.h>
+
+#include "test_util.h"
+
+#define S1 TU_STREAM(1)
+#define MISS (-1)
+#define MAX_POOLED 6
+
+typedef struct policy_case {
+  vmm_reuse_policy policy;
+  double bound;
+  size_t pooled[MAX_POOLED]; /* MiB, freed in this order (the later of two equal sizes is the bucket head) */
+  size_t pooled_count;
+  size_t request;            /* bytes */
+  int expect;                /* index into pooled of the mapping handed out, or MISS */
+} policy_case;
+
+#define B(x) ((size_t)(x) * MiB)
+
+static const policy_case cases[] = {
+    /* exact: only the rounded size itself */
+    {VMM_REUSE_EXACT, 0, {4, 8, 16}, 3, B(8), 1},
+    {VMM_REUSE_EXACT, 0, {4, 8, 16}, 3, B(7), 1},     /* 7 MiB rounds to 8 */
+    {VMM_REUSE_EXACT, 0, {4, 8, 16}, 3, B(6), MISS},  /* 8 fits but is not exact */
+    {VMM_REUSE_EXACT, 0, {4, 8, 16}, 3, B(16) + 1, MISS},
+    {VMM_REUSE_EXACT, 0, {2, 4}, 2, 1, 0},            /* 1 byte rounds to one granule */
+    {VMM_REUSE_EXACT, 0, {8, 4, 8}, 3, B(8), 2},      /* the latest freed of a size */
+    /* bounded:2: the smallest mapping in [request, 2 x request] */
+    {VMM_REUSE_BOUNDED, 2, {4, 8, 16}, 3, B(3), 0},   /* 3 rounds to 4 */
+    {VMM_REUSE_BOUNDED, 2, {4, 8, 16}, 3, B(6), 1},
+    {VMM_REUSE_BOUNDED, 2, {4, 8, 16}, 3, B(9), 2},   /* 10 rounded: [10, 20] holds 16 */
+    {VMM_REUSE_BOUNDED, 2, {6, 8}, 2, B(4), 0},       /* [4, 8]: 6 is the smallest */
+    {VMM_REUSE_BOUNDED, 2, {4, 32}, 2, B(12), MISS},  /* [12, 24] holds nothing */
+    {VMM_REUSE_BOUNDED, 2, {4, 32}, 2, B(16), 1},     /* the bound is inclusive */
+    {VMM_REUSE_BOUNDED, 2, {4, 34}, 2, B(16), MISS},
+    /* best-fit: the smallest mapping at least the request */
+    {VMM_REUSE_BEST_FIT, 0, {4, 8, 64}, 3, B(10), 2},
+    {VMM_REUSE_BEST_FIT, 0, {4, 8, 64}, 3, B(2), 0},
+    {VMM_REUSE_BEST_FIT, 0, {4, 8, 64}, 3, B(8), 1},
+    {VMM_REUSE_BEST_FIT, 0, {4, 8, 64}, 3, B(64) + 1, MISS},
+    {VMM_REUSE_BEST_FIT, 0, {64, 8, 8}, 3, B(5), 2},
+    /* none: retain, never reuse */
+    {VMM_REUSE_NONE, 0, {4}, 1, B(4), MISS},
+    {VMM_REUSE_NONE, 0, {2, 4, 8}, 3, B(3), MISS},
+};
+
+static vmm_snapshot snap(vmm_arena *a) {
+  vmm_snapshot s;
+  assert_int_equal(vmm_arena_snapshot(a, &s), VMM_OK);
+  return s;
+}
+
+static size_t creates(void) {
+  fake_ledger l;
+  fake_get_ledger(&l);
+  return l.calls_by_entry[VMM_DRV_mem_create];
+}
+
+static vmm_arena *policy_arena(vmm_reuse_policy policy, double bound) {
+  vmm_config cfg = tu_config();
+  cfg.reuse = policy;
+  cfg.reuse_bound = bound;
+  vmm_arena *a = tu_arena(NULL, &cfg);
+  assert_int_equal(snap(a).reuse, policy);
+  return a;
+}
+
+static void policy_table(void **state) {
+  (void)state;
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const policy_case *c = &cases[k];
+    fprintf(stderr, "case %zu: %s:%g, request %zu bytes\n", k, vmm_reuse_policy_name(c->policy), c->bound, c->request);
+    vmm_arena *a = policy_arena(c->policy, c->bound);
+    assert_int_equal(vmm_retention_begin(a), VMM_OK);
+    void *pooled[MAX_POOLED];
+    for (size_t i = 0; i < c->pooled_count; i++) pooled[i] = tu_alloc(a, c->pooled[i] * MiB, VMM_KIND_TRANSIENT, S1);
+    for (size_t i = 0; i < c->pooled_count; i++) assert_int_equal(vmm_arena_free(a, pooled[i], S1), VMM_OK);
+    vmm_snapshot before = snap(a);
+    assert_int_equal(before.retained_reusable_handles, c->pooled_count);
+    size_t created = creates();
+
+    void *got = tu_alloc(a, c->request, VMM_KIND_TRANSIENT, S1);
+    vmm_snapshot after = snap(a);
+    if (c->expect == MISS) {
+      for (size_t i = 0; i < c->pooled_count; i++) assert_ptr_not_equal(got, pooled[i]);
+      assert_int_equal(creates(), created + 1);
+      assert_int_equal(after.pool_hits, before.pool_hits);
+      assert_int_equal(after.retained_reusable_handles, before.retained_reusable_handles);
+      if (c->policy != VMM_REUSE_NONE) assert_int_equal(after.pool_misses, before.pool_misses + 1);
+    } else {
+      size_t extent = c->pooled[c->expect] * MiB;
+      assert_ptr_equal(got, pooled[c->expect]);
+      assert_int_equal(creates(), created);
+      assert_int_equal(after.pool_hits, before.pool_hits + 1);
+      assert_int_equal(after.retained_reusable_handles, before.retained_reusable_handles - 1);
+      assert_int_equal(after.retained_reusable_bytes, before.retained_reusable_bytes - extent);
+      assert_int_equal(after.kind[VMM_KIND_TRANSIENT].live_bytes, extent); /* whole mapping */
+    }
+    assert_int_equal(vmm_arena_free(a, got, S1), VMM_OK);
+    assert_int_equal(vmm_retention_finish(a), VMM_OK);
+    tu_destroy(a);
+  }
+}
+
+/* The JSON inventory entry of the mapping at base (the text from its "base" key on). */
+static const char *inventory_entry(const char *json, void *base) {
+  char key[64];
+  snprintf(key, sizeof key, "{\"base\":\"0x%llx\"", (unsigned long long)(uintptr_t)base);
+  const char *e = strstr(json, key);
+  assert_non_null(e);
+  return e;
+}
+
+/* A 4 MiB request served by an 8 MiB mapping records the full 8 MiB extent, and its free
+ * returns all 8 MiB to the pool. */
+static void pooled_mapping_handed_back_whole(void **state) {
+  (void)state;
+  static const struct {
+    vmm_reuse_policy policy;
+    double bound;
+  } policies[] = {{VMM_REUSE_BEST_FIT, 0}, {VMM_REUSE_BOUNDED, 2}};
+  for (size_t k = 0; k < sizeof policies / sizeof policies[0]; k++) {
+    vmm_arena *a = policy_arena(policies[k].policy, policies[k].bound);
+    assert_int_equal(vmm_retention_begin(a), VMM_OK);
+    void *big = tu_alloc(a, 8 * MiB, VMM_KIND_TRANSIENT, S1);
+    assert_int_equal(vmm_arena_free(a, big, S1), VMM_OK);
+    void *p = tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S1);
+    assert_ptr_equal(p, big);
+    assert_int_equal(fake_mapped_size_at((CUdeviceptr)(uintptr_t)p), 8 * MiB);
+
+    vmm_snapshot s = snap(a);
+    assert_int_equal(s.kind[VMM_KIND_TRANSIENT].live_count, 1);
+    assert_int_equal(s.kind[VMM_KIND_TRANSIENT].live_bytes, 8 * MiB);
+    assert_int_equal(s.retained_reusable_handles, 0);
+    static char json[16384];
+    char want[160];
+    assert_int_equal(vmm_arena_snapshot_json(a, json, sizeof json, NULL), VMM_OK);
+    snprintf(want, sizeof want, "{\"base\":\"0x%llx\",\"extent\":%zu,\"requested\":%zu,\"kind\":\"transient\",\"state\":\"live\"",
+             (unsigned long long)(uintptr_t)p, 8 * MiB, 4 * MiB);
+    assert_ptr_equal(strstr(json, want), inventory_entry(json, p));
+
+    assert_int_equal(vmm_arena_free(a, p, S1), VMM_OK);
+    s = snap(a);
+    assert_int_equal(s.retained_reusable_handles, 1);
+    assert_int_equal(s.retained_reusable_bytes, 8 * MiB);
+    assert_int_equal(s.kind[VMM_KIND_TRANSIENT].live_bytes, 0);
+    assert_int_equal(vmm_arena_snapshot_json(a, json, sizeof json, NULL), VMM_OK);
+    snprintf(want, sizeof want, "{\"size\":%zu,\"count\":1}", 8 * MiB);
+    assert_non_null(strstr(json, want));
+    snprintf(want, sizeof want, "{\"base\":\"0x%llx\",\"extent\":%zu,\"requested\":%zu,\"kind\":\"transient\",\"state\":\"pooled\"",
+             (unsigned long long)(uintptr_t)p, 8 * MiB, 4 * MiB);
+    assert_ptr_equal(strstr(json, want), inventory_entry(json, p));
+    /* The whole mapping serves an exact 8 MiB request next. */
+    assert_ptr_equal(tu_alloc(a, 8 * MiB, VMM_KIND_TRANSIENT, S1), big);
+    assert_int_equal(vmm_arena_free(a, big, S1), VMM_OK);
+    assert_int_equal(vmm_retention_finish(a), VMM_OK);
+    tu_destroy(a);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(policy_table),
+      cmocka_unit_test(pooled_mapping_handed_back_whole),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,455 @@
+/* Operation trace: a round trip through a real arena (every line parsed back and compared with
+ * what was done), switching the trace on and off, the parser on malformed lines, and the
+ * configuration errors of VMMARENA_TRACE. */
+#include "test_util.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "vmmarena/trace.h"
+
+#define S1 TU_STREAM(1)
+#define S2 TU_STREAM(2)
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* A fresh directory for trace files, removed (with its files) by remove_dir. */
+static char *make_dir(void) {
+  char *dir = strdup("/tmp/vmmarena-trace-XXXXXX");
+  assert_non_null(dir);
+  assert_non_null(mkdtemp(dir));
+  return dir;
+}
+
+static char *path_in(const char *dir, const char *name) {
+  char *p = malloc(strlen(dir) + strlen(name) + 2);
+  assert_non_null(p);
+  sprintf(p, "%s/%s", dir, name);
+  return p;
+}
+
+static void remove_dir(char *dir, char **files, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    unlink(files[i]);
+    free(files[i]);
+  }
+  assert_int_equal(rmdir(dir), 0);
+  free(dir);
+}
+
+static char *read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  size_t cap = 4096, n = 0;
+  char *buf = malloc(cap);
+  assert_non_null(buf);
+  while ((n += fread(buf + n, 1, cap - n, f)) == cap) {
+    cap *= 2;
+    buf = realloc(buf, cap);
+    assert_non_null(buf);
+  }
+  fclose(f);
+  *len = n;
+  return buf;
+}
+
+/* ---- What the test did, to compare the trace with ----------------------------------------- */
+
+typedef struct expected {
+  vmm_trace_op op;
+  int kind;
+  uint64_t requested, rounded, ptr, stream;
+  char tag[VMM_TRACE_TAG_MAX];
+  vmm_status result;
+} expected;
+
+typedef struct oplog {
+  expected items[64];
+  size_t count;
+} oplog;
+
+static void expect(oplog *l, vmm_trace_op op, int kind, uint64_t requested, uint64_t rounded, const void *ptr, CUstream stream,
+                   const char *tag, vmm_status result) {
+  assert_true(l->count < sizeof l->items / sizeof l->items[0]);
+  expected *e = &l->items[l->count++];
+  *e = (expected){op, kind, requested, rounded, (uint64_t)(uintptr_t)ptr, (uint64_t)(uintptr_t)stream, "", result};
+  snprintf(e->tag, sizeof e->tag, "%s", tag ? tag : ""); /* the trace keeps 255 bytes of a tag */
+}
+
+/* Allocates and logs what the trace must say. */
+static void *alloc_logged(oplog *l, vmm_arena *a, size_t bytes, vmm_kind kind, CUstream s, vmm_status want) {
+  void *p = NULL;
+  vmm_status st = vmm_arena_alloc(a, bytes, kind, s, &p);
+  if (st != want) fprintf(stderr, "alloc %zu: %s: %s\n", bytes, vmm_status_name(st), vmm_arena_last_error(a));
+  assert_int_equal(st, want);
+  size_t g = vmm_arena_granularity(a);
+  uint64_t rounded = bytes && (unsigned)kind < VMM_KIND_COUNT ? (bytes + g - 1) / g * g : 0;
+  expect(l, VMM_TRACE_ALLOC, (unsigned)kind < VMM_KIND_COUNT ? (int)kind : -1, bytes, rounded, p, s, vmm_tag_current(), st);
+  return p;
+}
+
+/* Frees and logs: the record carries the allocation's tag and extent, not the current tag. */
+static void free_logged(oplog *l, vmm_arena *a, void *p, int kind, uint64_t extent, const char *tag, CUstream s,
+                        vmm_status want) {
+  assert_int_equal(vmm_arena_free(a, p, s), want);
+  expect(l, VMM_TRACE_FREE, kind, 0, extent, p, s, tag, want);
+}
+
+static void scope_logged(oplog *l, vmm_arena *a, vmm_trace_op op, vmm_status want) {
+  vmm_status st = op == VMM_TRACE_BEGIN ? vmm_retention_begin(a) : op == VMM_TRACE_FINISH ? vmm_retention_finish(a)
+                                                                                         : vmm_retention_abort(a);
+  assert_int_equal(st, want);
+  expect(l, op, -1, 0, 0, NULL, NULL, NULL, want);
+}
+
+/* Parses every line of the trace file and compares the records with the oplog, in order. All
+ * times lie within `elapsed` and never go back. */
+static void assert_trace_matches(const char *path, const oplog *l, uint64_t elapsed) {
+  size_t len;
+  char *text = read_file(path, &len);
+  assert_true(len > 11);
+  assert_memory_equal(text, "vmmtrace 1\n", 11);
+  size_t records = 0, line_no = 0;
+  uint64_t last_t = 0;
+  for (char *p = text, *end = text + len; p < end; line_no++) {
+    char *nl = memchr(p, '\n', (size_t)(end - p));
+    assert_non_null(nl); /* every line is complete once the trace is closed */
+    vmm_trace_record rec;
+    const char *why = NULL;
+    int rc = vmm_trace_parse_line(p, (size_t)(nl - p), &rec, &why);
+    if (rc < 0) fprintf(stderr, "line %zu: %s: %.*s\n", line_no + 1, why, (int)(nl - p), p);
+    assert_int_equal(rc, line_no == 0 ? 0 : 1);
+    if (rc == 1) {
+      assert_true(records < l->count);
+      const expected *e = &l->items[records++];
+      if (rec.op != e->op || rec.result != (int)e->result || strcmp(rec.tag, e->tag))
+        fprintf(stderr, "line %zu: %.*s\n  expected op %d result %s tag \"%s\"\n", line_no + 1, (int)(nl - p), p,
+                (int)e->op, vmm_status_name(e->result), e->tag);
+      assert_int_equal(rec.op, e->op);
+      assert_int_equal(rec.kind, e->kind);
+      assert_int_equal(rec.requested, e->requested);
+      assert_int_equal(rec.rounded, e->rounded);
+      assert_int_equal(rec.ptr, e->ptr);
+      assert_int_equal(rec.stream, e->stream);
+      assert_string_equal(rec.tag, e->tag);
+      assert_int_equal(rec.result, e->result);
+      assert_true(rec.t_ns >= last_t);
+      assert_true(rec.t_ns <= elapsed);
+      last_t = rec.t_ns;
+    }
+    p = nl + 1;
+  }
+  assert_int_equal(records, l->count);
+  free(text);
+}
+
+/* ---- Round trip ------------------------------------------------------------------------------ */
+
+static void round_trip(void **state) {
+  (void)state;
+  char *dir = make_dir();
+  char *path = path_in(dir, "ops.trace");
+  vmm_config cfg = tu_config();
+  cfg.trace_path = path;
+  cfg.limit_bytes = 64 * MiB;
+  uint64_t t0 = now_ns();
+  vmm_arena *a = tu_arena(NULL, &cfg);
+  static oplog l; /* 64 records: keep it off the stack */
+  l.count = 0;
+
+  vmm_tag_push("weights and biases");
+  void *p1 = alloc_logged(&l, a, 3 * MiB, VMM_KIND_PACKAGE, S1, VMM_OK);
+  vmm_tag_push("100% done");
+  void *p2 = alloc_logged(&l, a, 1, VMM_KIND_TRANSIENT, S2, VMM_OK);
+  vmm_tag_pop();
+  vmm_tag_push("na\xc3\xafve \xe2\x82\xac\xf0\x9f\x98\x80");
+  void *p3 = alloc_logged(&l, a, 5 * MiB, VMM_KIND_TRANSIENT, S1, VMM_OK);
+  vmm_tag_pop();
+  vmm_tag_pop();
+  vmm_tag_push("-"); /* a tag spelled like "no tag" */
+  void *p4 = alloc_logged(&l, a, 2 * MiB, VMM_KIND_PACKAGE, S1, VMM_OK);
+  vmm_tag_pop();
+  vmm_tag_push("ctl\t\x01\x7f\xff%20");
+  void *p5 = alloc_logged(&l, a, 2 * MiB, VMM_KIND_PACKAGE, S1, VMM_OK);
+  vmm_tag_pop();
+  char long_tag[300];
+  memset(long_tag, 'L', sizeof long_tag - 1);
+  long_tag[sizeof long_tag - 1] = '\0';
+  vmm_tag_push(long_tag);
+  void *p6 = alloc_logged(&l, a, 2 * MiB, VMM_KIND_PACKAGE, S2, VMM_OK);
+  vmm_tag_pop();
+
+  scope_logged(&l, a, VMM_TRACE_BEGIN, VMM_OK);
+  scope_logged(&l, a, VMM_TRACE_BEGIN, VMM_ERR_SCOPE_STATE); /* no nesting */
+  vmm_tag_push("step 1");
+  void *t1 = alloc_logged(&l, a, 4 * MiB, VMM_KIND_TRANSIENT, S1, VMM_OK);
+  free_logged(&l, a, t1, VMM_KIND_TRANSIENT, 4 * MiB, "step 1", S1, VMM_OK);
+  void *t2 = alloc_logged(&l, a, 4 * MiB - 100, VMM_KIND_TRANSIENT, S1, VMM_OK);
+  assert_ptr_equal(t2, t1); /* a pool hit is traced like any allocation */
+  vmm_tag_pop();
+  /* Failed operations. */
+  alloc_logged(&l, a, 0, VMM_KIND_TRANSIENT, S1, VMM_ERR_INVALID_ARGUMENT);
+  alloc_logged(&l, a, 2 * MiB, (vmm_kind)7, S1, VMM_ERR_INVALID_ARGUMENT);
+  free_logged(&l, a, (void *)(uintptr_t)0x1234000, -1, 0, NULL, S1, VMM_ERR_UNKNOWN_POINTER);
+  free_logged(&l, a, (char *)p1 + 4096, -1, 0, NULL, S1, VMM_ERR_UNKNOWN_POINTER); /* interior */
+  free_logged(&l, a, t2, VMM_KIND_TRANSIENT, 4 * MiB, "step 1", S1, VMM_OK);
+  free_logged(&l, a, t2, -1, 0, NULL, S1, VMM_ERR_UNKNOWN_POINTER); /* idle in the pool: freed twice */
+  scope_logged(&l, a, VMM_TRACE_FINISH, VMM_OK);
+  scope_logged(&l, a, VMM_TRACE_ABORT, VMM_ERR_SCOPE_STATE);
+  alloc_logged(&l, a, 100 * MiB, VMM_KIND_PACKAGE, S1, VMM_ERR_OUT_OF_MEMORY); /* over the limit */
+
+  /* Frees carry the allocation's tag whatever tag is current. */
+  vmm_tag_push("current, not traced");
+  free_logged(&l, a, p1, VMM_KIND_PACKAGE, 4 * MiB, "weights and biases", S1, VMM_OK);
+  free_logged(&l, a, p2, VMM_KIND_TRANSIENT, 2 * MiB, "100% done", S2, VMM_OK);
+  free_logged(&l, a, p3, VMM_KIND_TRANSIENT, 6 * MiB, "na\xc3\xafve \xe2\x82\xac\xf0\x9f\x98\x80", S1, VMM_OK);
+  free_logged(&l, a, p4, VMM_KIND_PACKAGE, 2 * MiB, "-", S1, VMM_OK);
+  free_logged(&l, a, p5, VMM_KIND_PACKAGE, 2 * MiB, "ctl\t\x01\x7f\xff%20", S1, VMM_OK);
+  vmm_tag_pop();
+
+  /* Off: the file is complete and later operations are not in it. */
+  assert_int_equal(vmm_arena_trace(a, NULL), VMM_OK);
+  uint64_t elapsed = now_ns() - t0;
+  assert_int_equal(vmm_arena_free(a, p6, S2), VMM_OK);
+  assert_trace_matches(path, &l, elapsed);
+
+  /* The writer escaped what needed it: spaces, '%', control and non-ASCII bytes, the "-" tag. */
+  size_t len;
+  char *text = read_file(path, &len);
+  text[len - 1] = '\0';
+  assert_non_null(strstr(text, " weights%20and%20biases "));
+  assert_non_null(strstr(text, " 100%25%20done "));
+  assert_non_null(strstr(text, " na%C3%AFve%20%E2%82%AC%F0%9F%98%80 "));
+  assert_non_null(strstr(text, " %2D "));
+  assert_non_null(strstr(text, " ctl%09%01%7F%FF%2520 "));
+  assert_null(strstr(text, "current"));
+  free(text);
+  tu_destroy(a);
+  remove_dir(dir, &path, 1);
+}
+
+/* vmm_arena_trace starts, switches and stops the trace of a running arena. */
+static void trace_on_and_off(void **state) {
+  (void)state;
+  char *dir = make_dir();
+  char *files[2] = {path_in(dir, "first.trace"), path_in(dir, "second.trace")};
+  vmm_arena *a = tu_arena(NULL, NULL);
+  void *before = tu_alloc(a, 2 * MiB, VMM_KIND_PACKAGE, S1); /* not traced */
+  static oplog first, second;
+  first.count = second.count = 0;
+  uint64_t t0 = now_ns();
+  assert_int_equal(vmm_arena_trace(a, files[0]), VMM_OK);
+  void *p = alloc_logged(&first, a, 6 * MiB, VMM_KIND_TRANSIENT, S1, VMM_OK);
+  assert_int_equal(vmm_arena_trace(a, files[1]), VMM_OK); /* closes the first */
+  free_logged(&second, a, p, VMM_KIND_TRANSIENT, 6 * MiB, NULL, S1, VMM_OK);
+  free_logged(&second, a, before, VMM_KIND_PACKAGE, 2 * MiB, NULL, S1, VMM_OK);
+  assert_int_equal(vmm_arena_trace(a, NULL), VMM_OK);
+  assert_int_equal(vmm_arena_trace(a, NULL), VMM_OK); /* already off */
+  uint64_t elapsed = now_ns() - t0;
+  assert_trace_matches(files[0], &first, elapsed);
+  assert_trace_matches(files[1], &second, elapsed);
+
+  /* A path that cannot be opened: a clear error, and the trace is off. */
+  char *bad = path_in(dir, "missing/dir/x.trace");
+  assert_int_equal(vmm_arena_trace(a, bad), VMM_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(vmm_arena_last_error(a), bad));
+  assert_non_null(strstr(vmm_arena_last_error(a), "cannot open for writing: No such file or directory"));
+  free(bad);
+  assert_int_equal(vmm_arena_trace(NULL, files[0]), VMM_ERR_INVALID_ARGUMENT);
+  tu_destroy(a);
+  remove_dir(dir, files, 2);
+}
+
+/* ---- The line parser ------------------------------------------------------------------------ */
+
+/* Parses a copy of line in a buffer of exactly its length, so ASan sees any read past it. */
+static int parse_exact(const char *line, vmm_trace_record *rec, const char **why) {
+  size_t n = strlen(line);
+  char *copy = malloc(n ? n : 1);
+  assert_non_null(copy);
+  memcpy(copy, line, n);
+  int rc = vmm_trace_parse_line(copy, n, rec, why);
+  free(copy);
+  return rc;
+}
+
+static void parser_accepts(void **state) {
+  (void)state;
+  vmm_trace_record r;
+  const char *why = NULL;
+  assert_int_equal(parse_exact("vmmtrace 1", &r, &why), 0);
+  assert_int_equal(parse_exact("vmmtrace 1\r\n", &r, &why), 0);
+  assert_int_equal(parse_exact("# a comment", &r, &why), 0);
+  assert_int_equal(parse_exact("", &r, &why), 0);
+  assert_int_equal(parse_exact("   ", &r, &why), 0);
+  assert_int_equal(parse_exact("12 alloc package 4096 2097152 0x7F0000000000 0x5001 a%20b%25 VMM_OK\r\n", &r, &why), 1);
+  assert_int_equal(r.t_ns, 12);
+  assert_int_equal(r.op, VMM_TRACE_ALLOC);
+  assert_int_equal(r.kind, VMM_KIND_PACKAGE);
+  assert_int_equal(r.requested, 4096);
+  assert_int_equal(r.rounded, 2097152);
+  assert_int_equal(r.ptr, 0x7f0000000000ull);
+  assert_int_equal(r.stream, 0x5001);
+  assert_string_equal(r.tag, "a b%");
+  assert_int_equal(r.result, VMM_OK);
+  assert_int_equal(parse_exact("0 free - 0 0 0x0 0x0 - VMM_ERR_UNKNOWN_POINTER", &r, &why), 1); /* failed: no kind */
+  assert_int_equal(r.kind, -1);
+  assert_string_equal(r.tag, "");
+  assert_int_equal(parse_exact("18446744073709551615 abort - 0 0 0x0 0x0 - VMM_ERR_SCOPE_STATE", &r, &why), 1);
+  assert_int_equal(r.t_ns, UINT64_MAX);
+  assert_int_equal(r.op, VMM_TRACE_ABORT);
+  assert_int_equal(parse_exact("5 begin - 0 0 0x0 0x0 %2D VMM_OK", &r, &why), 1);
+  assert_string_equal(r.tag, "-");
+}
+
+static void parser_rejects(void **state) {
+  (void)state;
+  char long_tag[257], too_long[320];
+  memset(long_tag, 'x', 256);
+  long_tag[256] = '\0';
+  snprintf(too_long, sizeof too_long, "1 alloc package 1 2 0x1 0x2 %s VMM_OK", long_tag);
+  const struct {
+    const char *line, *why;
+  } bad[] = {
+      {"vmmtrace 2", "version"},
+      {"vmmtrace", "version"},
+      {"vmmtrace 1 extra", "extra fields"},
+      {"vmmtrace 10", "version"},
+      {"x1 alloc package 1 2 0x1 0x2 t VMM_OK", "time"},
+      {"-1 alloc package 1 2 0x1 0x2 t VMM_OK", "time"},
+      {"18446744073709551616 alloc package 1 2 0x1 0x2 t VMM_OK", "time"},
+      {"1 allot package 1 2 0x1 0x2 t VMM_OK", "operation"},
+      {"1", "operation"},
+      {"1 alloc pkg 1 2 0x1 0x2 t VMM_OK", "kind"},
+      {"1 alloc", "kind"},
+      {"1 alloc package 4k 2 0x1 0x2 t VMM_OK", "requested"},
+      {"1 alloc package 1 -2 0x1 0x2 t VMM_OK", "rounded"},
+      {"1 alloc package 1 2 7f00 0x2 t VMM_OK", "pointer"},
+      {"1 alloc package 1 2 0x 0x2 t VMM_OK", "pointer"},
+      {"1 alloc package 1 2 0xZZ 0x2 t VMM_OK", "pointer"},
+      {"1 alloc package 1 2 0x10000000000000000 0x2 t VMM_OK", "pointer"},
+      {"1 alloc package 1 2 0x1 5001 t VMM_OK", "stream"},
+      {"1 alloc package 1 2 0x1 0x2", "missing tag"},
+      {"1 alloc package 1 2 0x1 0x2 t", "result"},
+      {"1 alloc package 1 2 0x1 0x2 t VMM_FINE", "result"},
+      {"1 alloc package 1 2 0x1 0x2 t VMM_OK extra", "extra fields"},
+      {"1 alloc package 1 2 0x1 0x2 ab%4 VMM_OK", "escape"},
+      {"1 alloc package 1 2 0x1 0x2 ab%4", "truncated"}, /* the escape ends the line */
+      {"1 alloc package 1 2 0x1 0x2 ab%", "truncated"},
+      {"1 alloc package 1 2 0x1 0x2 %zz VMM_OK", "bad %XX"},
+      {"1 alloc package 1 2 0x1 0x2 %00 VMM_OK", "NUL"},
+      {"1 alloc package 1 2 0x1 0x2 a\tb VMM_OK", "unescaped"},
+      {"1 alloc package 1 2 0x1 0x2 caf\xc3\xa9 VMM_OK", "unescaped"},
+      {too_long, "longer than 255"},
+      {"1 alloc - 1 2 0x1 0x2 t VMM_OK", "needs a kind"},
+      {"1 free - 0 2 0x1 0x2 t VMM_OK", "needs a kind"},
+      {"1 begin package 0 0 0x0 0x0 - VMM_OK", "no kind"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    vmm_trace_record r;
+    const char *why = NULL;
+    int rc = parse_exact(bad[i].line, &r, &why);
+    if (rc != -1 || !why || !strstr(why, bad[i].why))
+      fprintf(stderr, "\"%s\": rc %d, why \"%s\", expected \"%s\"\n", bad[i].line, rc, why ? why : "(null)", bad[i].why);
+    assert_int_equal(rc, -1);
+    assert_non_null(why);
+    assert_non_null(strstr(why, bad[i].why));
+    assert_int_equal(parse_exact(bad[i].line, &r, NULL), -1); /* why is optional */
+  }
+}
+
+/* Every byte a tag can hold survives format and parse. */
+static void format_round_trip(void **state) {
+  (void)state;
+  vmm_trace_record r = {.t_ns = 99, .op = VMM_TRACE_FREE, .kind = VMM_KIND_TRANSIENT, .requested = 0,
+                        .rounded = 4 * MiB, .ptr = 0x7f0000200000ull, .stream = 0x5003, .result = VMM_OK};
+  for (int c = 1; c < 256; c++) r.tag[c - 1] = (char)c;
+  r.tag[255] = '\0';
+  size_t need = vmm_trace_format(&r, NULL, 0);
+  char *line = malloc(need + 1);
+  assert_non_null(line);
+  assert_int_equal(vmm_trace_format(&r, line, need + 1), need);
+  assert_int_equal(line[need - 1], '\n');
+  assert_int_equal(strlen(line), need);
+  char small[16];
+  assert_int_equal(vmm_trace_format(&r, small, sizeof small), need); /* like snprintf */
+  vmm_trace_record back;
+  const char *why = NULL;
+  assert_int_equal(vmm_trace_parse_line(line, need, &back, &why), 1);
+  assert_memory_equal(&back.tag, &r.tag, 256);
+  assert_int_equal(back.t_ns, 99);
+  assert_int_equal(back.rounded, 4 * MiB);
+  assert_int_equal(back.ptr, r.ptr);
+  free(line);
+}
+
+/* ---- VMMARENA_TRACE ----------------------------------------------------------------------- */
+
+static void env_errors(void **state) {
+  (void)state;
+  vmm_config cfg;
+  vmm_config_init(&cfg);
+  assert_int_equal(setenv("VMMARENA_TRACE", "", 1), 0);
+  assert_int_equal(vmm_config_from_env(&cfg), VMM_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(vmm_config_error(), "VMMARENA_TRACE=\"\""));
+  assert_non_null(strstr(vmm_config_error(), "empty path"));
+  assert_null(cfg.trace_path); /* unchanged */
+
+  /* A path in a directory that does not exist: the arena is not created, nothing leaks. */
+  char *dir = make_dir();
+  char *bad = path_in(dir, "no/such/dir/ops.trace");
+  assert_int_equal(setenv("VMMARENA_TRACE", bad, 1), 0);
+  cfg = tu_config();
+  assert_int_equal(vmm_config_from_env(&cfg), VMM_OK);
+  assert_string_equal(cfg.trace_path, bad);
+  fake_driver_reset(NULL);
+  vmm_arena *a = (vmm_arena *)0x1;
+  assert_int_equal(vmm_arena_create(&cfg, &a), VMM_ERR_INVALID_ARGUMENT);
+  assert_null(a);
+  const char *msg = vmm_create_error();
+  assert_non_null(strstr(msg, "VMMARENA_TRACE=\""));
+  assert_non_null(strstr(msg, bad));
+  assert_non_null(strstr(msg, "cannot open for writing: No such file or directory"));
+  assert_true(fake_ledger_clean());
+
+  /* A directory is no trace file either. */
+  assert_int_equal(setenv("VMMARENA_TRACE", dir, 1), 0);
+  cfg = tu_config();
+  assert_int_equal(vmm_config_from_env(&cfg), VMM_OK);
+  assert_int_equal(vmm_arena_create(&cfg, &a), VMM_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(vmm_create_error(), "Is a directory"));
+  assert_true(fake_ledger_clean());
+
+  /* A good path: the arena traces from its creation. */
+  char *good = path_in(dir, "env.trace");
+  assert_int_equal(setenv("VMMARENA_TRACE", good, 1), 0);
+  cfg = tu_config();
+  assert_int_equal(vmm_config_from_env(&cfg), VMM_OK);
+  assert_int_equal(unsetenv("VMMARENA_TRACE"), 0);
+  uint64_t t0 = now_ns();
+  a = tu_arena(NULL, &cfg);
+  static oplog l;
+  l.count = 0;
+  scope_logged(&l, a, VMM_TRACE_BEGIN, VMM_OK);
+  scope_logged(&l, a, VMM_TRACE_ABORT, VMM_OK);
+  tu_destroy(a); /* destroy closes the trace */
+  assert_trace_matches(good, &l, now_ns() - t0);
+  free(bad);
+  remove_dir(dir, &good, 1);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(round_trip),     cmocka_unit_test(trace_on_and_off),  cmocka_unit_test(parser_accepts),
+      cmocka_unit_test(parser_rejects), cmocka_unit_test(format_round_trip), cmocka_unit_test(env_errors),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
