@@ -15,6 +15,7 @@
 #include "vmmarena.h"
 
 #define MiB ((size_t)1 << 20)
+#define GiB ((size_t)1 << 30)
 #define TiB ((size_t)1 << 40)
 #define STREAM ((CUstream)(uintptr_t)0x5001)
 
@@ -29,7 +30,8 @@ static uint64_t now_ns(void) {
 
 static void check(vmm_arena *a, vmm_status st, const char *what) {
   if (st == VMM_OK) return;
-  fprintf(stderr, "bench_pool: %s: %s: %s\n", what, vmm_status_name(st), a ? vmm_arena_last_error(a) : vmm_create_error());
+  fprintf(stderr, "bench_pool: %s: %s: %s\n", what, vmm_status_name(st),
+          a ? vmm_arena_last_error(a) : vmm_create_error());
   exit(1);
 }
 
@@ -130,7 +132,7 @@ int main(void) {
 
   /* 1. Pool hit inside a scope. */
   static const size_t two_mib[] = {2 * MiB};
-  vmm_arena *a = arena(64 * MiB * 1024);
+  vmm_arena *a = arena(64 * GiB);
   check(a, vmm_retention_begin(a), "begin");
   pair_timing hit = time_pairs(a, two_mib, 1, HIT_SAMPLES, HIT_BATCH);
   check(a, vmm_retention_finish(a), "finish");
@@ -141,13 +143,14 @@ int main(void) {
   printf("hit pair in a scope, same stream:    %7.1f ns/pair, %zu driver calls in %d pairs\n", hit.median_ns,
          hit.driver_calls, HIT_SAMPLES * HIT_BATCH);
   printf("pair outside a scope:                %7.1f ns/pair, %.1f driver calls per pair (%.1fx the hit pair)\n",
-         plain.median_ns, (double)plain.driver_calls / (DRIVER_SAMPLES * DRIVER_BATCH), plain.median_ns / hit.median_ns);
+         plain.median_ns, (double)plain.driver_calls / (DRIVER_SAMPLES * DRIVER_BATCH),
+         plain.median_ns / hit.median_ns);
 
   /* 3. Pool size: 10 mappings of 10 sizes against 100,000 of 1,000 sizes. The target is the
    * pair of one size (10 MiB in the small pool, whose bucket the take empties; 1000 MiB of
    * 100 in the large one); a pair cycling through every pooled size is shown beside it. */
   size_t *small_sizes = pool_sizes(10), *large_sizes = pool_sizes(1000);
-  a = arena(64 * MiB * 1024);
+  a = arena(64 * GiB);
   check(a, vmm_retention_begin(a), "begin");
   fill_pool(a, 10, 1);
   pair_timing small = time_pairs(a, &small_sizes[4], 1, HIT_SAMPLES, HIT_BATCH);

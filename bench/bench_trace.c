@@ -1,8 +1,9 @@
 /* bench_trace: what the operation trace costs. The same mixed loop of operations (alloc/free
- * pairs of both kinds outside a retention scope, then a scope whose transient pairs are pool
- * hits, a retained package pair, begin and finish) runs with the trace off and on (a file in
+ * pairs of both kinds outside a retention scope, then a scope whose transient pairs are mostly
+ * pool hits, a retained package pair, begin and finish) runs with the trace off and on (a file in
  * /tmp, deleted at the end), on the fake driver without its call log. Runs alternate off/on;
- * each figure is the median of RUNS runs. Prints ns per operation for each and the ratio.
+ * each figure is the median of RUNS runs. Prints ns per operation for each and the ratio, in
+ * wall time and in the process's CPU time (steadier where other work shares the cores).
  *
  *   bench_trace [ROUNDS]      ROUNDS loop rounds per run (default 4000, 28 operations each) */
 #include <errno.h>
@@ -20,11 +21,15 @@
 #define RUNS 7
 #define OPS_PER_ROUND 28 /* 2 pairs, begin, 10 transient pairs, 1 package pair, finish */
 
-static uint64_t now_ns(void) {
+static uint64_t clock_ns(clockid_t clock) {
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(clock, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+typedef struct cost {
+  double wall, cpu; /* ns per operation */
+} cost;
 
 static int check(vmm_arena *a, vmm_status st, const char *what) {
   if (st == VMM_OK) return 0;
@@ -53,8 +58,8 @@ static int round_of_ops(vmm_arena *a, unsigned i) {
 }
 
 /* One run of `rounds` rounds on a fresh arena; with trace_path, traced from the first
- * operation to the close that flushes the file. Returns ns per operation, or -1. */
-static double run(unsigned rounds, const char *trace_path) {
+ * operation to the close that flushes the file. Returns 0 with the cost per operation, or -1. */
+static int run(unsigned rounds, const char *trace_path, cost *out) {
   fake_options opts = {.record_calls = -1};
   vmm_config cfg;
   vmm_config_init(&cfg);
@@ -67,13 +72,15 @@ static double run(unsigned rounds, const char *trace_path) {
     return -1;
   }
   int rc = 0;
-  uint64_t t0 = now_ns();
+  uint64_t t0 = clock_ns(CLOCK_MONOTONIC), c0 = clock_ns(CLOCK_PROCESS_CPUTIME_ID);
   if (trace_path) rc = check(a, vmm_arena_trace(a, trace_path), "starting the trace");
   for (unsigned i = 0; i < rounds && rc == 0; i++) rc = round_of_ops(a, i);
   if (trace_path && rc == 0) rc = check(a, vmm_arena_trace(a, NULL), "closing the trace");
-  uint64_t t1 = now_ns();
+  uint64_t t1 = clock_ns(CLOCK_MONOTONIC), c1 = clock_ns(CLOCK_PROCESS_CPUTIME_ID);
   vmm_arena_destroy(a);
-  return rc ? -1 : (double)(t1 - t0) / ((double)rounds * OPS_PER_ROUND);
+  double ops = (double)rounds * OPS_PER_ROUND;
+  *out = (cost){(double)(t1 - t0) / ops, (double)(c1 - c0) / ops};
+  return rc;
 }
 
 static int by_value(const void *x, const void *y) {
@@ -94,24 +101,26 @@ int main(int argc, char **argv) {
     return 1;
   }
   close(fd);
-  double off[RUNS], on[RUNS];
-  int rc = run(rounds / 10 + 1, NULL) < 0; /* warm-up */
-  for (int r = 0; r < RUNS && rc == 0; r++) {
-    off[r] = run(rounds, NULL);
-    on[r] = run(rounds, path);
-    rc = off[r] < 0 || on[r] < 0;
-  }
+  cost warm, off[RUNS], on[RUNS];
+  int rc = run(rounds / 10 + 1, NULL, &warm);
+  for (int r = 0; r < RUNS && rc == 0; r++) rc = run(rounds, NULL, &off[r]) || run(rounds, path, &on[r]);
   struct stat st;
   if (rc == 0 && stat(path, &st) != 0) rc = 1;
   unlink(path);
   if (rc) return 1;
-  qsort(off, RUNS, sizeof off[0], by_value);
-  qsort(on, RUNS, sizeof on[0], by_value);
-  double ops = (double)rounds * OPS_PER_ROUND;
   printf("bench_trace: %u rounds x %d operations per run, median of %d runs, fake driver\n", rounds, OPS_PER_ROUND, RUNS);
-  printf("  trace off  %8.1f ns/op  (runs %.1f .. %.1f)\n", off[RUNS / 2], off[0], off[RUNS - 1]);
-  printf("  trace on   %8.1f ns/op  (runs %.1f .. %.1f)\n", on[RUNS / 2], on[0], on[RUNS - 1]);
-  printf("  ratio on/off %.2f; +%.1f ns per traced operation; %.1f bytes of trace per operation\n",
-         on[RUNS / 2] / off[RUNS / 2], on[RUNS / 2] - off[RUNS / 2], (double)st.st_size / ops);
+  printf("            trace off ns/op   trace on ns/op   on/off   cost of a traced op\n");
+  for (int use_cpu = 0; use_cpu < 2; use_cpu++) {
+    double x[RUNS], y[RUNS];
+    for (int r = 0; r < RUNS; r++) {
+      x[r] = use_cpu ? off[r].cpu : off[r].wall;
+      y[r] = use_cpu ? on[r].cpu : on[r].wall;
+    }
+    qsort(x, RUNS, sizeof x[0], by_value);
+    qsort(y, RUNS, sizeof y[0], by_value);
+    double a = x[RUNS / 2], b = y[RUNS / 2];
+    printf("  %-6s %16.1f %16.1f %8.2f %14.1f ns\n", use_cpu ? "cpu" : "wall", a, b, b / a, b - a);
+  }
+  printf("  %.1f bytes of trace per operation\n", (double)st.st_size / ((double)rounds * OPS_PER_ROUND));
   return 0;
 }

@@ -128,7 +128,10 @@ static long hex4(const parser *p, size_t at) {
   long v = 0;
   for (size_t i = at; i < at + 4; i++) {
     unsigned char c = p->text[i];
-    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    int d = c >= '0' && c <= '9'   ? c - '0'
+            : c >= 'a' && c <= 'f' ? c - 'a' + 10
+            : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                   : -1;
     if (d < 0) return -1;
     v = v * 16 + d;
   }

@@ -132,7 +132,8 @@ static void put_text(FILE *out, const char *s, size_t len, size_t width, int pad
     size_t n = sequence_length(c);
     char cell[16];
     if (c < 0x20 || c == 0x7f) snprintf(cell, sizeof cell, "\\x%02x", c);
-    else if (c == 0xc2 && i + 1 < len && (unsigned char)s[i + 1] < 0xa0) snprintf(cell, sizeof cell, "\\u%04x", (unsigned char)s[i + 1]);
+    else if (c == 0xc2 && i + 1 < len && (unsigned char)s[i + 1] < 0xa0) /* C1: U+0080..U+009F */
+      snprintf(cell, sizeof cell, "\\u%04x", (unsigned char)s[i + 1]);
     else if (c == '\\') snprintf(cell, sizeof cell, "\\\\");
     else cell[0] = '\0';
     size_t cost = cell[0] ? strlen(cell) : 1;
@@ -185,8 +186,8 @@ static void show_totals(doc *d, FILE *out) {
           fmt_bytes(u64_at(d, "totals.physical_peak_bytes"), b[1]));
   fprintf(out, "  mapped       %12s %12s\n", fmt_bytes(u64_at(d, "totals.mapped_bytes"), b[2]),
           fmt_bytes(u64_at(d, "totals.mapped_peak_bytes"), b[3]));
-  fprintf(out, "  reserved VA  %12s in %" PRIu64 " reservation%s\n", fmt_bytes(u64_at(d, "totals.reserved_va_bytes"), b[4]),
-          reservations, reservations == 1 ? "" : "s");
+  fprintf(out, "  reserved VA  %12s in %" PRIu64 " reservation%s\n",
+          fmt_bytes(u64_at(d, "totals.reserved_va_bytes"), b[4]), reservations, reservations == 1 ? "" : "s");
   fprintf(out, "  operations   %" PRIu64 " allocs, %" PRIu64 " frees, %" PRIu64 " deferred frees\n",
           u64_at(d, "totals.allocs"), u64_at(d, "totals.frees"), u64_at(d, "totals.deferred_frees"));
 }
@@ -232,7 +233,8 @@ static void show_refusals_and_scope(doc *d, FILE *out) {
   const char *state = text_at(d, "scope.state", NULL);
   fprintf(out, "\nRetention scope\n  %s", state);
   if (!strcmp(state, "active")) fprintf(out, " (id %" PRIu64 ")", u64_at(d, "scope.id"));
-  else if (strcmp(state, "none") && !d->failed) doc_fail(d, "snapshot key \"scope.state\" has an unknown value \"%.40s\"", state);
+  else if (strcmp(state, "none") && !d->failed)
+    doc_fail(d, "snapshot key \"scope.state\" has an unknown value \"%.40s\"", state);
   fprintf(out, "; begun %" PRIu64 ", finished %" PRIu64 ", aborted %" PRIu64 "\n", u64_at(d, "scope.begun"),
           u64_at(d, "scope.finished"), u64_at(d, "scope.aborted"));
 }

@@ -196,10 +196,21 @@ vmm_status vmm_arena_create(const vmm_config *cfg_in, vmm_arena **out) {
   a->retention_enabled =
       cfg->retain == VMM_RETAIN_ON || (cfg->retain == VMM_RETAIN_AUTO && a->integrated);
   a->next_scope_id = 0;
-  if (cfg->trace_path && !(a->trace = vmm_trace_open(cfg->trace_path))) {
-    st = create_fail(a, VMM_ERR_INVALID_ARGUMENT, "VMMARENA_TRACE=\"%s\": cannot open for writing: %s", cfg->trace_path,
-                     strerror(errno));
-    goto fail;
+  if (cfg->trace_path) {
+    /* Each device's arena gets its own file: "%d" in the path is its ordinal, and without
+     * one, devices other than 0 append ".<ordinal>". */
+    char path[4096];
+    const char *mark = strstr(cfg->trace_path, "%d");
+    int n = mark ? snprintf(path, sizeof path, "%.*s%d%s", (int)(mark - cfg->trace_path), cfg->trace_path, cfg->device,
+                            mark + 2)
+            : cfg->device ? snprintf(path, sizeof path, "%s.%d", cfg->trace_path, cfg->device)
+                          : snprintf(path, sizeof path, "%s", cfg->trace_path);
+    if (n < 0 || (size_t)n >= sizeof path || !(a->trace = vmm_trace_open(path))) {
+      st = create_fail(a, VMM_ERR_INVALID_ARGUMENT, "VMMARENA_TRACE=\"%s\" (file %s): cannot open for writing: %s",
+                       cfg->trace_path, n >= 0 && (size_t)n < sizeof path ? path : "(path too long)",
+                       n >= 0 && (size_t)n < sizeof path ? strerror(errno) : "path too long");
+      goto fail;
+    }
   }
   a->cfg.trace_path = NULL;
   vmm_ctx_leave(a);
@@ -461,6 +472,31 @@ static int stream_capturing(vmm_arena *a, CUstream s) {
   return r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+vmm_status vmm_wait_for_free(vmm_arena *a, const vmm_mapping *m, const char *what, CUstream *waited, size_t *n_waited,
+                             size_t cap) {
+  if (m->free_epoch != a->epoch) return VMM_OK; /* a quiesce came after the free */
+  for (size_t i = 0; i < *n_waited; i++)
+    if (waited[i] == m->stream) return VMM_OK;
+  char b[32];
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult r = VMM_DRV(a, stream_is_capturing, m->stream, &status);
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) status = CU_STREAM_CAPTURE_STATUS_ACTIVE; /* legacy stream */
+  else if (r != CUDA_SUCCESS)
+    return vmm_fail_driver(a, r, VMM_DRV_stream_is_capturing, "%s: reading the capture state of stream %p", what,
+                           (void *)m->stream);
+  if (status != CU_STREAM_CAPTURE_STATUS_NONE)
+    return vmm_fail(a, VMM_ERR_SCOPE_STATE,
+                    "%s: pooled %s at 0x%llx was freed on stream %p, which is capturing and cannot be waited for "
+                    "before the unmap; nothing touched",
+                    what, vmm_fmt_bytes(m->extent, b), (unsigned long long)m->base, (void *)m->stream);
+  r = VMM_DRV(a, stream_synchronize, m->stream);
+  if (r != CUDA_SUCCESS)
+    return vmm_fail_driver(a, r, VMM_DRV_stream_synchronize, "%s: waiting for stream %p before unmapping pooled %s at 0x%llx",
+                           what, (void *)m->stream, vmm_fmt_bytes(m->extent, b), (unsigned long long)m->base);
+  if (*n_waited < cap) waited[(*n_waited)++] = m->stream;
+  return VMM_OK;
+}
+
 /* A pooled mapping may go to `stream` if it was freed on that stream, if a quiesce passed
  * since its free, or if `stream` can be made to wait for its freeing stream's work. Nothing
  * is recorded on or waited from a capturing stream. */
@@ -551,6 +587,13 @@ static vmm_status stitch(vmm_arena *a, size_t rounded, reuse_ctx *rc, vmm_mappin
   }
   vmm_status st = VMM_ERR_OUT_OF_MEMORY;
   if (sum < rounded || n < 2) goto out; /* one mapping that fits is the plain fallback's job */
+  CUstream waited[8];
+  size_t n_waited = 0;
+  for (size_t i = 0; i < n; i++) { /* the candidates are unmapped below */
+    st = vmm_wait_for_free(a, c[i], "stitching", waited, &n_waited, 8);
+    if (st == VMM_ERR_SCOPE_STATE) st = VMM_ERR_OUT_OF_MEMORY; /* freed on this capturing stream */
+    if (st != VMM_OK) goto out;
+  }
   vmm_mapping *s = record_new();
   vmm_piece *list = malloc(pieces * sizeof *list);
   if (!s || !list || vmm_table_reserve(&a->table)) {

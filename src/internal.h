@@ -263,5 +263,12 @@ VMM_INTERNAL void vmm_stat_add(vmm_arena *a, vmm_kind k, vmm_mapping_state s, si
 VMM_INTERNAL void vmm_mapping_destroy_record(vmm_arena *a, vmm_mapping *m);
 VMM_INTERNAL void vmm_process_deferred(vmm_arena *a);
 VMM_INTERNAL void vmm_tag_account(vmm_arena *a, uint32_t tag, size_t bytes, int sign);
+/* Before pooled mapping m is unmapped (by finish or stitching): waits for the work of the
+ * stream that freed it, which may still use it, unless a quiesce came after the free or that
+ * stream is in waited[0, *n_waited) (it is added while there is room for `cap`). A capturing
+ * stream cannot be waited for: VMM_ERR_SCOPE_STATE; a failed query or synchronize is a driver
+ * error. Messages name the caller by `what`. */
+VMM_INTERNAL vmm_status vmm_wait_for_free(vmm_arena *a, const vmm_mapping *m, const char *what, CUstream *waited,
+                                          size_t *n_waited, size_t cap);
 
 #endif

@@ -6,7 +6,7 @@
 
 static size_t slot_of(CUdeviceptr base, size_t cap) {
   uint64_t h = (uint64_t)base * 0x9E3779B97F4A7C15ull;
-  return (size_t)(h >> 20) & (cap - 1);
+  return (size_t)(h >> 32) & (cap - 1); /* high bits: bases are granule-aligned, their low bits zero */
 }
 
 int vmm_table_init(vmm_mapping_table *t) {

@@ -97,6 +97,22 @@ static vmm_status drain_pool(vmm_arena *a) {
   return VMM_OK;
 }
 
+/* Waits, once per stream, for in-flight work that may still use a pooled mapping the drain
+ * is about to unmap (see vmm_wait_for_free). Touches nothing. */
+static vmm_status wait_for_pool(vmm_arena *a) {
+  CUstream waited[16];
+  size_t n_waited = 0;
+  for (vmm_avl *node = vmm_avl_last(a->pool.root); node;) {
+    vmm_bucket *b = vmm_container_of(node, vmm_bucket, node);
+    for (vmm_mapping *m = b->head; m; m = m->pool_next) {
+      vmm_status st = vmm_wait_for_free(a, m, "vmm_retention_finish", waited, &n_waited, 16);
+      if (st != VMM_OK) return st;
+    }
+    node = vmm_avl_floor(a->pool.root, b->size - 1, 0);
+  }
+  return VMM_OK;
+}
+
 /* Releases retained handles from the end of the list; stops at the first failure. */
 static vmm_status release_retained(vmm_arena *a) {
   vmm_piece_list *l = &a->retained;
@@ -126,6 +142,8 @@ vmm_status vmm_retention_finish(vmm_arena *a) {
     st = scope_error(a, "vmm_retention_finish");
   } else if (vmm_pool_check(&a->pool, why, sizeof why)) {
     st = vmm_fail(a, VMM_ERR_SCOPE_STATE, "vmm_retention_finish: pool is inconsistent, nothing touched: %s", why);
+  } else if ((st = wait_for_pool(a)) != VMM_OK) {
+    /* a stream could not be waited for: nothing touched */
   } else {
     if (a->deferred_head) vmm_process_deferred(a);
     st = drain_pool(a);

@@ -139,7 +139,8 @@ static void pooled_mapping_handed_back_whole(void **state) {
     static char json[16384];
     char want[160];
     assert_int_equal(vmm_arena_snapshot_json(a, json, sizeof json, NULL), VMM_OK);
-    snprintf(want, sizeof want, "{\"base\":\"0x%llx\",\"extent\":%zu,\"requested\":%zu,\"kind\":\"transient\",\"state\":\"live\"",
+    snprintf(want, sizeof want,
+             "{\"base\":\"0x%llx\",\"extent\":%zu,\"requested\":%zu,\"kind\":\"transient\",\"state\":\"live\"",
              (unsigned long long)(uintptr_t)p, 8 * MiB, 4 * MiB);
     assert_ptr_equal(strstr(json, want), inventory_entry(json, p));
 
@@ -151,7 +152,8 @@ static void pooled_mapping_handed_back_whole(void **state) {
     assert_int_equal(vmm_arena_snapshot_json(a, json, sizeof json, NULL), VMM_OK);
     snprintf(want, sizeof want, "{\"size\":%zu,\"count\":1}", 8 * MiB);
     assert_non_null(strstr(json, want));
-    snprintf(want, sizeof want, "{\"base\":\"0x%llx\",\"extent\":%zu,\"requested\":%zu,\"kind\":\"transient\",\"state\":\"pooled\"",
+    snprintf(want, sizeof want,
+             "{\"base\":\"0x%llx\",\"extent\":%zu,\"requested\":%zu,\"kind\":\"transient\",\"state\":\"pooled\"",
              (unsigned long long)(uintptr_t)p, 8 * MiB, 4 * MiB);
     assert_ptr_equal(strstr(json, want), inventory_entry(json, p));
     /* The whole mapping serves an exact 8 MiB request next. */

@@ -8,7 +8,8 @@
  * and stitching happen often; it is destroyed and replaced from time to time, and every
  * destroy must leave the fake driver's ledger empty.
  *
- * The model predicts the result of every step in which no fault fired: the status, the
+ * The model predicts the result of every step in which no fault fired (and no free was left
+ * waiting for a capture to end, which the next call would process): the status, the
  * pointer a pool hit or fallback returns, and the snapshot counters (per kind live, pooled,
  * retained and abandoned counts and bytes; physical and mapped bytes; pool hits, misses,
  * fallbacks and stitches; scope state). After a step a fault disturbed, the model checks
@@ -29,9 +30,9 @@
 
 #define DEFAULT_OPS 1000000ull
 #define DEFAULT_SEED 0x5eed2026ull
-#define LIVE_TARGET 200         /* allocations are rare above this many live mappings */
+#define LIVE_TARGET 200         /* no allocation while this many mappings are live */
 #define ARENA_OPS 100000        /* an arena is replaced after this many operations */
-#define MAX_ALLOC ((size_t)1 << 47)
+#define MAX_ALLOC ((size_t)1 << 47)  /* the largest request the arena takes (128 TiB) */
 
 /* ---- Random numbers (splitmix64) ----------------------------------------------------- */
 
@@ -308,6 +309,7 @@ static void adopt(model *m, vmm_arena *a, const vmm_snapshot *s) {
   m->allocs = s->allocs;
   m->frees = s->frees;
   m->scope_active = s->scope_state == VMM_SCOPE_ACTIVE;
+  m->finished = s->scopes_finished; /* a disturbed finish may have completed */
   EXPECT_EQ(a->next_scope_id, m->next_scope_id); /* only begin moves it, and begin makes no driver call */
 }
 
@@ -331,7 +333,8 @@ static void check_common(vmm_arena *a, const model *m, const vmm_snapshot *s) {
   EXPECT_EQ(l.errors, 0);
   EXPECT_EQ(l.live_handle_bytes, s->physical_bytes);
   EXPECT_EQ(l.mapped_bytes, s->mapped_bytes);
-  for (size_t i = 1; i < m->mapped_n; i++) EXPECT(m->mapped[i - 1]->base + m->mapped[i - 1]->extent <= m->mapped[i]->base);
+  for (size_t i = 1; i < m->mapped_n; i++)
+    EXPECT(m->mapped[i - 1]->base + m->mapped[i - 1]->extent <= m->mapped[i]->base);
 }
 
 static void check_predicted(const model *m, const vmm_snapshot *s) {
@@ -374,6 +377,12 @@ typedef struct run {
   /* totals for the summary */
   uint64_t arenas, disturbed_steps, faults, ooms, bad_calls, hits, fallbacks, stitches, finishes, aborts;
 } run;
+
+static size_t driver_calls(void) {
+  fake_ledger l;
+  fake_get_ledger(&l);
+  return l.calls;
+}
 
 /* Whether the step cannot be predicted: a fault fired in it, or it began with deferred frees. */
 static int disturbed(const run *r) { return r->deferred_at_start || fake_faults_fired() != r->fired_before; }
@@ -480,6 +489,7 @@ static vmm_status op_free(run *r) {
   CUstream stream = random_stream();
   snprintf(step_what, sizeof step_what, "free 0x%llx (%zu bytes, %s)", (unsigned long long)x->base, x->extent,
            x->kind == VMM_KIND_PACKAGE ? "package" : "transient");
+  size_t calls = driver_calls();
   vmm_status st = vmm_arena_free(r->a, (void *)(uintptr_t)x->base, stream);
   if (disturbed(r)) {
     EXPECT(st == VMM_OK || st == VMM_ERR_OUT_OF_MEMORY || st == VMM_ERR_DRIVER);
@@ -492,6 +502,7 @@ static vmm_status op_free(run *r) {
   if (scope_aborted(m, x->scope)) {
     x->state = M_ABANDONED; /* stays mapped and held, no driver call */
     stat(m, x, +1);
+    EXPECT_EQ(driver_calls(), calls);
   } else if (m->scope_active && m->retention && x->kind == VMM_KIND_TRANSIENT) {
     pool_push(m, x);
   } else {
@@ -527,8 +538,10 @@ static vmm_status op_bad_free(run *r) {
   }
   snprintf(step_what, sizeof step_what, "bad free 0x%llx", (unsigned long long)p);
   r->bad_calls++;
+  size_t calls = driver_calls();
   vmm_status st = vmm_arena_free(r->a, (void *)(uintptr_t)p, random_stream());
   EXPECT_EQ(st, VMM_ERR_UNKNOWN_POINTER);
+  EXPECT_EQ(driver_calls(), calls);
   return st;
 }
 
@@ -541,8 +554,10 @@ static vmm_status op_bad_alloc(run *r) {
   snprintf(step_what, sizeof step_what, "bad alloc %zu of kind %d", bad[i].bytes, bad[i].kind);
   r->bad_calls++;
   void *p = (void *)1;
+  size_t calls = driver_calls();
   vmm_status st = vmm_arena_alloc(r->a, bad[i].bytes, (vmm_kind)bad[i].kind, NULL, &p);
   EXPECT_EQ(st, VMM_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(driver_calls(), calls);
   EXPECT(p == NULL);
   return st;
 }
@@ -550,7 +565,9 @@ static vmm_status op_bad_alloc(run *r) {
 static vmm_status op_begin(run *r) {
   model *m = &r->m;
   snprintf(step_what, sizeof step_what, "begin (scope %s)", m->scope_active ? "active" : "none");
+  size_t calls = driver_calls();
   vmm_status st = vmm_retention_begin(r->a);
+  EXPECT_EQ(driver_calls(), calls);
   if (m->scope_active) {
     EXPECT_EQ(st, VMM_ERR_SCOPE_STATE);
     return st;
@@ -596,7 +613,9 @@ static vmm_status op_finish(run *r) {
 static vmm_status op_abort(run *r) {
   model *m = &r->m;
   snprintf(step_what, sizeof step_what, "abort (scope %s)", m->scope_active ? "active" : "none");
+  size_t calls = driver_calls();
   vmm_status st = vmm_retention_abort(r->a);
+  EXPECT_EQ(driver_calls(), calls); /* abort never calls the driver */
   if (!m->scope_active) {
     EXPECT_EQ(st, VMM_ERR_SCOPE_STATE);
     return st;
@@ -634,7 +653,10 @@ static void arena_new(run *r) {
   fake_driver_reset(&o);
   vmm_config cfg = tu_config();
   unsigned pick = (unsigned)below(10);
-  cfg.reuse = pick < 5 ? VMM_REUSE_EXACT : pick < 7 ? VMM_REUSE_BOUNDED : pick < 9 ? VMM_REUSE_BEST_FIT : VMM_REUSE_NONE;
+  cfg.reuse = pick < 5   ? VMM_REUSE_EXACT
+              : pick < 7 ? VMM_REUSE_BOUNDED
+              : pick < 9 ? VMM_REUSE_BEST_FIT
+                         : VMM_REUSE_NONE;
   cfg.reuse_bound = per_mille(500) ? 2.0 : 1.5;
   cfg.stitch = per_mille(800);
   cfg.retain = per_mille(900) ? VMM_RETAIN_ON : VMM_RETAIN_OFF;
@@ -724,10 +746,10 @@ static void random_operations(void **state) {
     CUresult code = per_mille(20) ? arm_fault() : CUDA_SUCCESS;
 
     unsigned pick = (unsigned)below(1000);
-    int room = m->live_n < LIVE_TARGET;
+    int alloc = pick < 480 ? m->live_n < LIVE_TARGET : pick < 950 && !m->live_n;
     vmm_status st;
-    if (pick < 480) st = room || !m->live_n ? op_alloc(&r, random_size(), per_mille(750) ? VMM_KIND_TRANSIENT : VMM_KIND_PACKAGE) : op_free(&r);
-    else if (pick < 950) st = m->live_n ? op_free(&r) : op_alloc(&r, random_size(), VMM_KIND_TRANSIENT);
+    if (alloc) st = op_alloc(&r, random_size(), per_mille(750) ? VMM_KIND_TRANSIENT : VMM_KIND_PACKAGE);
+    else if (pick < 950) st = op_free(&r);
     else if (pick < 965) st = op_begin(&r);
     else if (pick < 971) st = op_finish(&r);
     else if (pick < 973) st = op_abort(&r);

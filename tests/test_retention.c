@@ -388,7 +388,8 @@ static void finish_second_unmap_fails_then_resumes(void **state) {
     y_free += after.free_base[i] <= dp(y) && dp(y) + 8 * MiB <= after.free_base[i] + after.free_size[i];
   assert_int_equal(y_free, 1);
   assert_int_equal(after.retained_count, before.retained_count + 1);
-  for (size_t i = 0; i < before.retained_count; i++) assert_int_equal(after.retained[i].handle, before.retained[i].handle);
+  for (size_t i = 0; i < before.retained_count; i++)
+    assert_int_equal(after.retained[i].handle, before.retained[i].handle);
   assert_int_equal(after.retained[before.retained_count].handle, hy);
   assert_int_equal(fake_mapped_size_at(dp(y)), 0);
   assert_int_equal(fake_mapped_size_at(dp(x2)), 2 * MiB);
@@ -874,6 +875,133 @@ static void reuse_after_quiesce_needs_no_event(void **state) {
   tu_destroy(a);
 }
 
+/* ---- Waiting for in-flight work before an idle mapping is unmapped ------------------ */
+
+/* Finish unmaps idle mappings whose freeing streams may still run work on them: it waits
+ * for each such stream once, before the first unmap; after a quiesce it need not. */
+static void finish_waits_for_freeing_streams(void **state) {
+  (void)state;
+  vmm_arena *a = tu_arena(NULL, NULL);
+  assert_int_equal(vmm_retention_begin(a), VMM_OK);
+  void *p1 = transient(a, 2 * MiB), *p2 = transient(a, 4 * MiB), *p3 = transient(a, 6 * MiB);
+  free_ok(a, p1, S1);
+  free_ok(a, p2, S2);
+  free_ok(a, p3, S1);
+  size_t from = fake_call_count();
+  assert_int_equal(vmm_retention_finish(a), VMM_OK);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_stream_synchronize), 2);
+  assert_int_equal(calls_with(from, VMM_DRV_stream_synchronize, (uintptr_t)S1), 1);
+  assert_int_equal(calls_with(from, VMM_DRV_stream_synchronize, (uintptr_t)S2), 1);
+  size_t unmap = first_call(from, VMM_DRV_mem_unmap);
+  for (size_t i = from; i < fake_call_count(); i++)
+    if (fake_call_at(i)->entry == VMM_DRV_stream_synchronize) assert_true(i < unmap);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 3);
+
+  assert_int_equal(vmm_retention_begin(a), VMM_OK);
+  free_ok(a, transient(a, 2 * MiB), S1);
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  from = fake_call_count();
+  assert_int_equal(vmm_retention_finish(a), VMM_OK);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_stream_synchronize), 0);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 1);
+  tu_destroy(a);
+}
+
+/* A stream that freed an idle mapping is capturing: it cannot be waited for, so finish is
+ * refused before it touches anything, and succeeds once the capture is over. */
+static void finish_refused_while_freeing_stream_captures(void **state) {
+  (void)state;
+  vmm_arena *a = tu_arena(NULL, NULL);
+  assert_int_equal(vmm_retention_begin(a), VMM_OK);
+  void *p = transient(a, 4 * MiB), *q = transient(a, 2 * MiB);
+  free_ok(a, p, S1);
+  free_ok(a, q, S2);
+  arena_view before = view(a);
+  fake_set_capturing(S2, 1);
+  size_t from = fake_call_count();
+  assert_int_equal(vmm_retention_finish(a), VMM_ERR_SCOPE_STATE);
+  assert_non_null(strstr(vmm_arena_last_error(a), "capturing"));
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 0);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_release), 0);
+  arena_view after = view(a);
+  assert_views_equal(&before, &after);
+  assert_int_equal(snap(a).scope_state, VMM_SCOPE_ACTIVE);
+  assert_int_equal(vmm_arena_fatal_error(a, NULL), VMM_OK);
+  assert_int_equal(ledger().errors, 0);
+  fake_set_capturing(S2, 0);
+  assert_int_equal(vmm_retention_finish(a), VMM_OK);
+  tu_destroy(a);
+}
+
+/* Stitching unmaps idle mappings too: it waits for their freeing streams first. A mapping
+ * freed on another stream that is capturing is left out (its order cannot be proven); one
+ * freed on the capturing stream itself cannot be waited for, so it is not stitched either. */
+static void stitching_waits_for_freeing_streams(void **state) {
+  (void)state;
+  fake_options o = {.capacity = 12 * MiB};
+  vmm_arena *a = tu_arena(&o, NULL);
+  assert_int_equal(vmm_retention_begin(a), VMM_OK);
+  void *t2 = transient(a, 2 * MiB), *t4 = transient(a, 4 * MiB), *t6 = transient(a, 6 * MiB);
+  free_ok(a, t2, S2);
+  free_ok(a, t4, S2);
+  free_ok(a, t6, S1);
+  size_t from = fake_call_count();
+  void *s12 = tu_alloc(a, 12 * MiB, VMM_KIND_TRANSIENT, S1);
+  assert_int_equal(snap(a).stitches, 1);
+  assert_int_equal(calls_with(from, VMM_DRV_stream_synchronize, (uintptr_t)S1), 1);
+  assert_int_equal(calls_with(from, VMM_DRV_stream_synchronize, (uintptr_t)S2), 1);
+  size_t unmap = first_call(from, VMM_DRV_mem_unmap);
+  for (size_t i = from; i < fake_call_count(); i++)
+    if (fake_call_at(i)->entry == VMM_DRV_stream_synchronize) assert_true(i < unmap);
+  free_ok(a, s12, S1);
+  assert_int_equal(vmm_retention_finish(a), VMM_OK);
+  tu_destroy(a);
+
+  a = tu_arena(&o, NULL);
+  assert_int_equal(vmm_retention_begin(a), VMM_OK);
+  t2 = transient(a, 2 * MiB);
+  t4 = transient(a, 4 * MiB);
+  t6 = transient(a, 6 * MiB);
+  free_ok(a, t2, S2);
+  free_ok(a, t4, S1);
+  free_ok(a, t6, S1);
+  fake_set_capturing(S2, 1);
+  void *s10 = tu_alloc(a, 10 * MiB, VMM_KIND_TRANSIENT, S1); /* t6 + t4, not t2 */
+  assert_int_equal(snap(a).stitches, 1);
+  assert_int_equal(fake_mapped_size_at(dp(t2)), 2 * MiB);
+  assert_int_equal(snap(a).retained_reusable_handles, 1);
+  void *q = (void *)1; /* 12 MiB would need t2 */
+  free_ok(a, s10, S1);
+  assert_int_equal(vmm_arena_alloc(a, 12 * MiB, VMM_KIND_TRANSIENT, S1, &q), VMM_ERR_OUT_OF_MEMORY);
+  assert_null(q);
+  assert_int_equal(ledger().errors, 0);
+  fake_set_capturing(S2, 0);
+  assert_int_equal(vmm_retention_finish(a), VMM_OK);
+  tu_destroy(a);
+
+  a = tu_arena(&o, NULL);
+  assert_int_equal(vmm_retention_begin(a), VMM_OK);
+  t2 = transient(a, 2 * MiB);
+  t4 = transient(a, 4 * MiB);
+  t6 = transient(a, 6 * MiB);
+  free_ok(a, t2, S1);
+  free_ok(a, t4, S1);
+  free_ok(a, t6, S1);
+  arena_view before = view(a);
+  fake_set_capturing(S1, 1);
+  size_t calls = fake_call_count();
+  assert_int_equal(vmm_arena_alloc(a, 12 * MiB, VMM_KIND_TRANSIENT, S1, &q), VMM_ERR_OUT_OF_MEMORY);
+  assert_null(q);
+  assert_int_equal(fake_calls_since(calls, VMM_DRV_mem_unmap), 0);
+  arena_view after = view(a);
+  assert_views_equal(&before, &after);
+  assert_int_equal(vmm_arena_fatal_error(a, NULL), VMM_OK);
+  assert_int_equal(ledger().errors, 0);
+  fake_set_capturing(S1, 0);
+  assert_int_equal(vmm_retention_finish(a), VMM_OK);
+  tu_destroy(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(twelve_warmups_create_memory_once),
@@ -896,6 +1024,9 @@ int main(void) {
       cmocka_unit_test(hit_on_same_stream_makes_no_driver_call),
       cmocka_unit_test(capturing_stream_reuses_only_its_own),
       cmocka_unit_test(reuse_after_quiesce_needs_no_event),
+      cmocka_unit_test(finish_waits_for_freeing_streams),
+      cmocka_unit_test(finish_refused_while_freeing_stream_captures),
+      cmocka_unit_test(stitching_waits_for_freeing_streams),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

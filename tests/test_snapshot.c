@@ -557,7 +557,8 @@ static void tags_nested(void **state) {
   assert_null(vmm_tag_current());
 
   json_value *d = checked_doc(a);
-  const json_value *prefill = tag_entry(d, "prefill", 7), *decode = tag_entry(d, "decode", 6), *none = tag_entry(d, NULL, 0);
+  const json_value *prefill = tag_entry(d, "prefill", 7), *decode = tag_entry(d, "decode", 6);
+  const json_value *none = tag_entry(d, NULL, 0);
   assert_non_null(prefill);
   assert_non_null(decode);
   assert_non_null(none);
@@ -733,8 +734,8 @@ static void parser_is_strict(void **state) {
     json_error err;
     json_value *v = json_parse(bad[i].text, strlen(bad[i].text), &err);
     if (v || err.line != bad[i].line || err.column != bad[i].column)
-      fprintf(stderr, "case %zu (%s): %s at %zu:%zu (%s)\n", i, bad[i].text, v ? "accepted" : "refused", err.line, err.column,
-              err.message);
+      fprintf(stderr, "case %zu (%s): %s at %zu:%zu (%s)\n", i, bad[i].text, v ? "accepted" : "refused", err.line,
+              err.column, err.message);
     assert_null(v);
     assert_int_equal(err.line, bad[i].line);
     assert_int_equal(err.column, bad[i].column);
@@ -747,7 +748,8 @@ static void parser_is_strict(void **state) {
   assert_null(json_parse(deep, sizeof deep, &err));
   assert_non_null(strstr(err.message, "nesting"));
 
-  const char *good = " {\"s\":\"\\ud834\\udd1e\\u00e9\\n\\u0000x\",\"n\":[0,-1.5e3,18446744073709551615,18446744073709551616],"
+  const char *good = " {\"s\":\"\\ud834\\udd1e\\u00e9\\n\\u0000x\","
+                     "\"n\":[0,-1.5e3,18446744073709551615,18446744073709551616],"
                      "\"o\":{\"k\":[true,false,null]}} ";
   json_value *v = json_parse(good, strlen(good), &err);
   assert_non_null(v);

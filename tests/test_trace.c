@@ -76,8 +76,8 @@ typedef struct oplog {
   size_t count;
 } oplog;
 
-static void expect(oplog *l, vmm_trace_op op, int kind, uint64_t requested, uint64_t rounded, const void *ptr, CUstream stream,
-                   const char *tag, vmm_status result) {
+static void expect(oplog *l, vmm_trace_op op, int kind, uint64_t requested, uint64_t rounded, const void *ptr,
+                   CUstream stream, const char *tag, vmm_status result) {
   assert_true(l->count < sizeof l->items / sizeof l->items[0]);
   expected *e = &l->items[l->count++];
   *e = (expected){op, kind, requested, rounded, (uint64_t)(uintptr_t)ptr, (uint64_t)(uintptr_t)stream, "", result};
@@ -92,7 +92,8 @@ static void *alloc_logged(oplog *l, vmm_arena *a, size_t bytes, vmm_kind kind, C
   assert_int_equal(st, want);
   size_t g = vmm_arena_granularity(a);
   uint64_t rounded = bytes && (unsigned)kind < VMM_KIND_COUNT ? (bytes + g - 1) / g * g : 0;
-  expect(l, VMM_TRACE_ALLOC, (unsigned)kind < VMM_KIND_COUNT ? (int)kind : -1, bytes, rounded, p, s, vmm_tag_current(), st);
+  int traced_kind = (unsigned)kind < VMM_KIND_COUNT ? (int)kind : -1;
+  expect(l, VMM_TRACE_ALLOC, traced_kind, bytes, rounded, p, s, vmm_tag_current(), st);
   return p;
 }
 

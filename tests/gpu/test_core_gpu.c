@@ -234,6 +234,7 @@ static int test_scope_pool_reuse_and_finish(void) {
   void *p = NULL, *q = NULL;
   VMM(vmm_arena_alloc(arena, 8 * MiB, VMM_KIND_TRANSIENT, stream_a, &p));
   CU(cu.memset_d8((CUdeviceptr)(uintptr_t)p, 0x11, 8 * MiB));
+  CU(cu.ctx_synchronize()); /* the arena only knows stream A; the fill ran on the legacy stream */
   VMM(vmm_arena_free(arena, p, stream_a));
   vmm_snapshot s = snap();
   EXPECT(s.retained_reusable_handles == 1 && s.physical_bytes == 8 * MiB, "after free in scope: %llu pooled, %llu B physical",
@@ -286,6 +287,7 @@ static int test_stitching_on_the_real_driver(void) {
     VMM(vmm_arena_alloc(arena, 16 * MiB, VMM_KIND_TRANSIENT, stream_a, &piece[i]));
     CU(cu.memset_d8((CUdeviceptr)(uintptr_t)piece[i], (unsigned char)(0x40 + i), 16 * MiB));
   }
+  CU(cu.ctx_synchronize()); /* the fills ran on the legacy stream, not on stream A */
   for (int i = 0; i < 4; i++) VMM(vmm_arena_free(arena, piece[i], stream_a));
   /* 48 MiB: new memory is refused by the 64 MiB limit, no pooled mapping is big enough, so
    * three idle 16 MiB handles are unmapped and mapped back to back in a fresh range. */

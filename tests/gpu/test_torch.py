@@ -251,9 +251,9 @@ def test_without_reuse_or_retention_no_mapping_is_reused():
     none = child("warmups", {"VMMARENA_REUSE": "none"})
     off = child("warmups", {"VMMARENA_RETAIN": "off"})
     on = child("warmups", {})
-    print(f"  physical after steps 1 and 12: reuse none {none['physical'][0] // MiB} -> "
-          f"{none['physical'][-1] // MiB} MiB, retain off {off['physical'][0] // MiB} -> {off['physical'][-1] // MiB} MiB, "
-          f"exact {on['physical'][0] // MiB} -> {on['physical'][-1] // MiB} MiB")
+    runs = {"reuse none": none, "retain off": off, "exact": on}
+    print("  physical MiB after steps 1 and 12: "
+          + ", ".join(f"{name} {r['physical'][0] // MiB} -> {r['physical'][-1] // MiB}" for name, r in runs.items()))
     assert none["hits"][-1] == 0 and off["hits"][-1] == 0, (none["hits"], off["hits"])
     assert none["physical"][-1] >= 10 * none["physical"][0] > 0, f"reuse none did not grow: {none['physical']}"
     per_step = off["creates"][0]
@@ -395,6 +395,17 @@ def test_tags_label_segments():
     assert containing(snap, w.data_ptr())["tag"] == "weights"
     assert any(t["tag"] == "weights" and t["bytes"] >= 38 * MiB for t in snap["tags"]), snap["tags"]
     del w
+
+
+def test_docs_example_runs_as_written():
+    text = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../docs/torch.md")).read()
+    example = text.split("## A worked example", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    proc = subprocess.run([sys.executable, "-c", example], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, f"the example failed:\n{proc.stdout}\n{proc.stderr}"
+    out = dict(line.rsplit(" ", 1) for line in proc.stdout.splitlines())
+    print(f"  {proc.stdout.strip()}".replace("\n", "; "))
+    assert int(out["pool hits"]) > 0 and int(out["stray transient"]) == 0, out
+    assert int(out["after release MiB"]) < int(out["physical MiB"]), out
 
 
 def test_everything_is_released():

@@ -118,7 +118,7 @@ class Storage:
         self._package_users = 0  # package() contexts open, all threads
         self._open_steps = 0  # transient() steps open, all threads
         self._strays = set()  # bases of transient mappings that outlived their step
-        self._graph_pools = weakref.WeakKeyDictionary()  # graph -> pools it captured into
+        self._graph_pools = []  # (weakref to a graph, the pool it captured into)
 
     def __repr__(self):
         return f"vmmarena.Storage(device={self.device})"
@@ -177,6 +177,13 @@ class Storage:
             if self._package_pool is None:
                 self._package_pool = self._new_pool(torch, "package")
             return self._package_pool
+
+    def _drop_pools_of_dead_graphs(self):
+        """Drops the pools of graphs that are gone. A graph releases its hold on its pool when
+        it is destroyed; only then may the MemPool go (some PyTorch versions assert that a
+        MemPool dies with no other user)."""
+        with self._lock:
+            self._graph_pools = [(graph, pool) for graph, pool in self._graph_pools if graph() is not None]
 
     def _empty_cache(self, torch):
         """torch.cuda.empty_cache() with this thread's routing suspended."""
@@ -258,6 +265,7 @@ class Storage:
             torch.cuda.synchronize(self.device)
             self._pop(entry)
             entry["pool"] = None  # the last reference: ~MemPool returns its free segments
+            self._drop_pools_of_dead_graphs()
             left = self._live_transient() - before
             if left:
                 # Free blocks of pools deleted earlier, while their tensors were alive, are
@@ -305,17 +313,17 @@ class Storage:
     def graph(self, cuda_graph, kind=None, share_with=None, **kwargs):
         """Captures CUDA work into `cuda_graph` (a torch.cuda.CUDAGraph) with its memory in a
         pool of its own, of `kind` (default: the kind of this thread's innermost open
-        context, else "package"), held as long as the graph. `share_with=other_graph` uses
-        that graph's pool instead, as torch.cuda.graph(pool=other.pool()) would, for graphs
-        replayed in capture order. This thread's open context is suspended during the
-        capture (PyTorch would route the capture's allocations to it, or refuse to capture
-        into it) and resumed after. Other keyword arguments (stream, capture_error_mode) go
-        to torch.cuda.graph."""
+        context, else "package"), kept until the graph is gone; release() then returns it.
+        `share_with=other_graph` uses that graph's pool instead, as
+        torch.cuda.graph(pool=other.pool()) would, for graphs replayed in capture order.
+        This thread's open context is suspended during the capture (PyTorch would route the
+        capture's allocations to it, or refuse to capture into it) and resumed after. Other
+        keyword arguments (stream, capture_error_mode) go to torch.cuda.graph."""
         torch = self._require_pools()
         if "pool" in kwargs:
             raise TypeError("Storage.graph() makes the graph's pool; pass kind= or share_with= instead of pool=")
         if share_with is not None:
-            shared = self._graph_pools.get(share_with)
+            shared = [pool for graph, pool in self._graph_pools if graph() is share_with]
             if not shared:
                 raise VmmarenaError("share_with: that graph was not captured through this Storage's graph()")
             pool = shared[-1]
@@ -324,7 +332,8 @@ class Storage:
             kind = kind or (stack[-1]["kind"] if stack else "package")
             _check_kind(kind)
             pool = self._new_pool(torch, kind)
-        self._graph_pools.setdefault(cuda_graph, []).append(pool)
+        with self._lock:
+            self._graph_pools.append((weakref.ref(cuda_graph), pool))
         self._suspend_top()
         try:
             with torch.cuda.graph(cuda_graph, pool=pool.id, **kwargs):
@@ -358,6 +367,7 @@ class Storage:
             with self._lock:
                 if self._package_users == 0:
                     self._package_pool = None
+            self._drop_pools_of_dead_graphs()
             self._empty_cache(torch)
         _lib.check(self.device, _lib.lib().vmm_torch_quiesce(self.device))
         live = self._live_transient()
