@@ -6,9 +6,10 @@
  * Each run checks every public call's status against the documented set (the fault-free
  * result, or the failure the fault implies), the invariant checker after every step, the
  * sticky first fatal error (never set by an out-of-memory fault, never rewritten once set),
- * and, after destroy, that the fake driver's ledger is empty. Destroy itself runs with the
- * faults cleared: it returns nothing and only logs its failures, so a fault there could only
- * leak what the ledger check is here to catch. */
+ * and, after destroy, that the fake driver's ledger is empty. Destroy runs with the faults
+ * cleared there; it returns nothing and only logs its failures, so its own countdown (the last
+ * test) checks instead that a failed call in destroy leaves only what that call would have
+ * released. */
 #include <stdio.h>
 #include <string.h>
 
@@ -357,6 +358,64 @@ static void persistent_oom(void **state) { (void)state; countdown(CUDA_ERROR_OUT
 static void single_unknown(void **state) { (void)state; countdown(CUDA_ERROR_UNKNOWN, 0); }
 static void persistent_unknown(void **state) { (void)state; countdown(CUDA_ERROR_UNKNOWN, 1); }
 
+/* Destroy meeting a single fault at its call N: an arena holding live, pooled, retained and
+ * abandoned memory, with the stream-order event created. Whatever fails, destroy goes on; what
+ * is left is exactly the failed call's object: a handle (cuMemRelease), a reservation
+ * (cuMemAddressFree), an event, a pushed or retained context, or for cuMemUnmap the mapping
+ * and the reservation that still holds it (whose cuMemAddressFree the fake then counts as
+ * misuse). */
+static vmm_arena *arena_with_everything(void) {
+  fake_driver_reset(NULL);
+  vmm_config cfg = tu_config();
+  vmm_arena *a = NULL;
+  assert_int_equal(vmm_arena_create(&cfg, &a), VMM_OK);
+  (void)tu_alloc(a, 4 * MiB, VMM_KIND_PACKAGE, S1);
+  assert_int_equal(vmm_retention_begin(a), VMM_OK);
+  void *t1 = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, S1);
+  assert_int_equal(vmm_arena_free(a, t1, S1), VMM_OK);
+  void *t2 = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, S2); /* t1 again, ordered by the event */
+  assert_int_equal(vmm_arena_free(a, t2, S2), VMM_OK);
+  assert_int_equal(vmm_retention_abort(a), VMM_OK); /* t1 abandoned */
+  assert_int_equal(vmm_retention_begin(a), VMM_OK);
+  void *q = tu_alloc(a, 6 * MiB, VMM_KIND_PACKAGE, S1);
+  assert_int_equal(vmm_arena_free(a, q, S1), VMM_OK); /* retained */
+  void *t3 = tu_alloc(a, 8 * MiB, VMM_KIND_TRANSIENT, S1);
+  assert_int_equal(vmm_arena_free(a, t3, S1), VMM_OK); /* pooled */
+  tu_check(a);
+  return a;
+}
+
+static void destroy_meets_a_fault(void **state) {
+  (void)state;
+  unsigned points = 0;
+  for (unsigned n = 1;; n++) {
+    vmm_arena *a = arena_with_everything();
+    size_t first = fake_call_count();
+    fake_fail_nth_any(n, CUDA_ERROR_UNKNOWN, 0);
+    vmm_arena_destroy(a);
+    if (fake_faults_fired() == 0) {
+      assert_true(fake_ledger_clean());
+      break;
+    }
+    points++;
+    vmm_driver_entry e = fake_call_at(first + n - 1)->entry;
+    points_by_entry[e]++;
+    fake_ledger l;
+    fake_get_ledger(&l);
+    size_t handles = e == VMM_DRV_mem_release, reservations = e == VMM_DRV_mem_address_free;
+    size_t mappings = e == VMM_DRV_mem_unmap, misuse = mappings;
+    if (mappings) reservations = 1;
+    if (l.live_handles != handles || l.live_mappings != mappings || l.reservations != reservations ||
+        l.live_events != (e == VMM_DRV_event_destroy) || l.ctx_pushed != (e == VMM_DRV_ctx_pop_current) ||
+        l.primary_retained != (e == VMM_DRV_primary_ctx_release) || l.errors != misuse) {
+      (void)fake_ledger_clean();
+      fail_msg("destroy with call %u (%s) failing left more than that call's object", n, vmm_driver_entry_name(e));
+    }
+  }
+  total_points += points;
+  printf("destroy countdown: %u injection points, each leaving only the failed call's object\n", points);
+}
+
 static int report(void **state) {
   (void)state;
   printf("injection points exercised in total: %u; by entry point:", total_points);
@@ -373,6 +432,7 @@ int main(void) {
       cmocka_unit_test(persistent_oom),
       cmocka_unit_test(single_unknown),
       cmocka_unit_test(persistent_unknown),
+      cmocka_unit_test(destroy_meets_a_fault),
   };
   return cmocka_run_group_tests(tests, NULL, report);
 }

@@ -16,7 +16,8 @@
  *     SECONDS   default 120
  *     --threads default 4
  *     --budget  the arena's limit (VMMARENA_LIMIT): physical memory it may hold, default 48G
- *     --total   stop once this many bytes were allocated, default 64T
+ *     --total   stop once this many bytes were allocated, default 1P (an H200 allocates and
+ *               fills about 2 TiB/s here, so the duration is what ends a default run)
  * VMMARENA_* variables apply (say VMMARENA_REUSE=best-fit), except VMMARENA_LIMIT, which
  * --budget sets; retention is on unless VMMARENA_RETAIN says otherwise.
  *
@@ -42,9 +43,14 @@
 
 static vmm_arena *arena;
 static CUcontext context;
+/* One stream per worker, created before the workers and destroyed after the arena: the
+ * arena uses a freeing stream again later (to order a reuse on another stream after it, and
+ * when finish waits for the work that may still touch pooled memory), so a stream must live
+ * until its pooled memory is reused or finished, or a quiesce has come after its frees. */
+static CUstream streams[MAX_THREADS];
 static double seconds = 120;
 static int thread_count = 4;
-static size_t budget = 48 * GiB, total_cap = (size_t)64 << 40;
+static size_t budget = 48 * GiB, total_cap = (size_t)1 << 50;
 static int device;
 static struct timespec started;
 
@@ -113,12 +119,11 @@ static void release(CUstream s, allocation *x, int poison) {
 static void *worker(void *arg) {
   int id = (int)(intptr_t)arg;
   uint64_t rng = 0x9E3779B97F4A7C15ull * (uint64_t)(id + 1);
-  CUstream s = NULL;
+  CUstream s = streams[id];
   uint32_t *host = malloc(3 * PROBE);
   allocation live[LIVE_PER_THREAD];
   int n = 0;
-  if (!host || !cu_ok(cuCtxSetCurrent(context), "cuCtxSetCurrent") ||
-      !cu_ok(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate")) {
+  if (!host || !cu_ok(cuCtxSetCurrent(context), "cuCtxSetCurrent")) {
     atomic_store(&stopping, 1);
     free(host);
     return NULL;
@@ -128,7 +133,7 @@ static void *worker(void *arg) {
     if (n < LIVE_PER_THREAD && (n == 0 || r % 2)) {
       allocation x;
       x.bytes = 2 * MiB + (size_t)((r >> 8) % (254 * MiB)) - (size_t)((r >> 40) % 4096);
-      x.kind = (r >> 50) & 1 ? VMM_KIND_TRANSIENT : VMM_KIND_PACKAGE;
+      x.kind = (r >> 50) & 3 ? VMM_KIND_TRANSIENT : VMM_KIND_PACKAGE; /* one in four is a package */
       void *p = NULL;
       vmm_status st = vmm_arena_alloc(arena, x.bytes, x.kind, s, &p);
       atomic_fetch_add(&operations, 1);
@@ -158,7 +163,6 @@ static void *worker(void *arg) {
     release(s, &live[--n], 0);
   }
   cu_ok(cuStreamSynchronize(s), "cuStreamSynchronize");
-  cu_ok(cuStreamDestroy(s), "cuStreamDestroy");
   free(host);
   return NULL;
 }
@@ -196,20 +200,22 @@ int main(int argc, char **argv) {
     printf("SOAK FAIL (no device)\n");
     return 1;
   }
-  /* The driver loads its memset and copy kernels on first use and keeps them for the
-   * context's life: use both once before reading the starting figure. */
-  CUstream warm;
+  /* The driver loads its memset and copy kernels on first use and keeps memory for every
+   * stream it has created, even after cuStreamDestroy (about 0.5 MiB each on an H200, driver
+   * 580), for the context's life: create the workers' streams and use each once before
+   * reading the starting figure. */
   CUdeviceptr scratch;
   uint32_t word = 0;
-  if (!cu_ok(cuStreamCreate(&warm, CU_STREAM_NON_BLOCKING), "cuStreamCreate") ||
-      !cu_ok(cuMemAlloc(&scratch, 2 * MiB), "cuMemAlloc") ||
-      !cu_ok(cuMemsetD32Async(scratch, 1, 2 * MiB / 4, warm), "cuMemsetD32Async") ||
-      !cu_ok(cuMemcpyDtoHAsync(&word, scratch, 4, warm), "cuMemcpyDtoHAsync") ||
-      !cu_ok(cuStreamSynchronize(warm), "cuStreamSynchronize") || !cu_ok(cuMemFree(scratch), "cuMemFree") ||
-      !cu_ok(cuStreamDestroy(warm), "cuStreamDestroy")) {
-    printf("SOAK FAIL (warm-up)\n");
-    return 1;
-  }
+  if (!cu_ok(cuMemAlloc(&scratch, 2 * MiB), "cuMemAlloc")) return 1;
+  for (int i = 0; i < thread_count; i++)
+    if (!cu_ok(cuStreamCreate(&streams[i], CU_STREAM_NON_BLOCKING), "cuStreamCreate") ||
+        !cu_ok(cuMemsetD32Async(scratch, 1, 2 * MiB / 4, streams[i]), "cuMemsetD32Async") ||
+        !cu_ok(cuMemcpyDtoHAsync(&word, scratch, 4, streams[i]), "cuMemcpyDtoHAsync") ||
+        !cu_ok(cuStreamSynchronize(streams[i]), "cuStreamSynchronize")) {
+      printf("SOAK FAIL (warm-up)\n");
+      return 1;
+    }
+  cu_ok(cuMemFree(scratch), "cuMemFree");
   size_t free_before = 0, free_after = 0, total_mem = 0;
   cu_ok(cuMemGetInfo(&free_before, &total_mem), "cuMemGetInfo");
 
@@ -234,8 +240,9 @@ int main(int argc, char **argv) {
   for (int i = 0; i < thread_count; i++) pthread_create(&threads[i], NULL, worker, (void *)(intptr_t)i);
 
   /* Scopes of about 2 s each, finished. One in five is chosen at its begin to be aborted,
-   * while abandoned memory is under a quarter of the budget, and lasts 50 ms: an aborted
-   * scope's memory (its pooled and retained memory too) is held until destroy. */
+   * while abandoned memory is under a quarter of the budget, and lasts 2 ms: an aborted
+   * scope's memory (its pooled and retained memory too) is held until destroy, and the
+   * workers fill the budget in well under a second. */
   unsigned long long scopes_finished = 0, scopes_aborted = 0, scope_errors = 0;
   uint64_t rng = 777;
   while (running()) {
@@ -245,7 +252,7 @@ int main(int argc, char **argv) {
     int to_abort = next_random(&rng) % 5 == 0 && abandoned < budget / 4;
     if (vmm_retention_begin(arena) != VMM_OK) scope_errors++;
     for (int t = 0; t < (to_abort ? 1 : 40) && running(); t++) {
-      struct timespec pause = {0, 50000000};
+      struct timespec pause = {0, to_abort ? 2000000 : 50000000};
       nanosleep(&pause, NULL);
     }
     if (to_abort) {
@@ -271,6 +278,7 @@ int main(int argc, char **argv) {
   char fatal_msg[800];
   snprintf(fatal_msg, sizeof fatal_msg, "%s", msg); /* the arena's text goes with destroy */
   vmm_arena_destroy(arena);
+  for (int i = 0; i < thread_count; i++) cu_ok(cuStreamDestroy(streams[i]), "cuStreamDestroy");
   cu_ok(cuCtxSynchronize(), "cuCtxSynchronize");
   cu_ok(cuMemGetInfo(&free_after, &total_mem), "cuMemGetInfo");
   long long free_delta = (long long)free_before - (long long)free_after;

@@ -268,8 +268,8 @@ class Storage:
             self._drop_pools_of_dead_graphs()
             left = self._live_transient() - before
             if left:
-                # Free blocks of pools deleted earlier, while their tensors were alive, are
-                # returned only by a full empty_cache().
+                # Where ~MemPool does not empty the pool's cache (it varies by version), its
+                # free segments come back only through a full empty_cache().
                 torch.cuda.empty_cache()
                 left = self._live_transient() - before
             with self._lock:
