@@ -968,7 +968,16 @@ vmm_status vmm_arena_trace(vmm_arena *a, const char *path) {
   return st;
 }
 
-const char *vmm_arena_last_error(vmm_arena *a) { return a ? a->last_error : "no arena"; }
+/* A copy taken under the lock into a buffer of the calling thread: stable until this thread's
+ * next call, however other threads fail meanwhile. */
+const char *vmm_arena_last_error(vmm_arena *a) {
+  static __thread char copy[sizeof a->last_error];
+  if (!a) return "no arena";
+  pthread_mutex_lock(&a->lock);
+  memcpy(copy, a->last_error, sizeof copy);
+  pthread_mutex_unlock(&a->lock);
+  return copy;
+}
 
 vmm_status vmm_arena_fatal_error(vmm_arena *a, const char **message) {
   if (!a) return VMM_ERR_INVALID_ARGUMENT;
