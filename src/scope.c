@@ -39,6 +39,13 @@ bool vmm_scope_aborted(const vmm_arena *a, uint64_t scope_id) {
   return false;
 }
 
+/* Writes a scope operation to the trace, if one is open. */
+static void trace_scope(vmm_arena *a, vmm_trace_op op, vmm_status st) {
+  if (!a->trace) return;
+  vmm_trace_record r = {.t_ns = vmm_now_ns(), .op = op, .kind = -1, .result = st};
+  vmm_trace_write(a->trace, &r);
+}
+
 static vmm_status scope_error(vmm_arena *a, const char *call) {
   if (a->scope == VMM_SCOPE_ACTIVE)
     return vmm_fail(a, VMM_ERR_SCOPE_STATE, "%s: retention scope %llu is already active; scopes do not nest", call,
@@ -59,10 +66,7 @@ vmm_status vmm_retention_begin(vmm_arena *a) {
     a->scope_id = ++a->next_scope_id;
     a->scopes_begun++;
   }
-  if (a->trace) {
-    vmm_trace_record r = {.t_ns = vmm_now_ns(), .op = VMM_TRACE_BEGIN, .kind = -1, .result = st};
-    vmm_trace_write(a->trace, &r);
-  }
+  trace_scope(a, VMM_TRACE_BEGIN, st);
   pthread_mutex_unlock(&a->lock);
   return st;
 }
@@ -153,10 +157,7 @@ vmm_status vmm_retention_finish(vmm_arena *a) {
       a->scopes_finished++;
     }
   }
-  if (a->trace) {
-    vmm_trace_record r = {.t_ns = vmm_now_ns(), .op = VMM_TRACE_FINISH, .kind = -1, .result = st};
-    vmm_trace_write(a->trace, &r);
-  }
+  trace_scope(a, VMM_TRACE_FINISH, st);
   vmm_ctx_leave(a);
   pthread_mutex_unlock(&a->lock);
   return st;
@@ -205,10 +206,7 @@ vmm_status vmm_retention_abort(vmm_arena *a) {
   a->scope = VMM_SCOPE_NONE;
   a->scopes_aborted++;
 out:
-  if (a->trace) {
-    vmm_trace_record r = {.t_ns = vmm_now_ns(), .op = VMM_TRACE_ABORT, .kind = -1, .result = st};
-    vmm_trace_write(a->trace, &r);
-  }
+  trace_scope(a, VMM_TRACE_ABORT, st);
   pthread_mutex_unlock(&a->lock);
   return st;
 }
