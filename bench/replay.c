@@ -487,7 +487,8 @@ static const policy policies[] = {
     {"exact", VMM_RETAIN_ON, VMM_REUSE_EXACT, 1.0, 1},
     {"bounded:2", VMM_RETAIN_ON, VMM_REUSE_BOUNDED, 2.0, 1},
     {"best-fit", VMM_RETAIN_ON, VMM_REUSE_BEST_FIT, 1.0, 0},
-    {"best-fit+stitch", VMM_RETAIN_ON, VMM_REUSE_BEST_FIT, 1.0, 1},
+    {"best-fit+stitch", VMM_RETAIN_ON, VMM_REUSE_BEST_FIT, 1.0, VMM_STITCH_ON},
+    {"best-fit+eager", VMM_RETAIN_ON, VMM_REUSE_BEST_FIT, 1.0, VMM_STITCH_EAGER}, /* stitch before creating */
 };
 #define POLICY_COUNT (sizeof policies / sizeof policies[0])
 
@@ -725,7 +726,8 @@ static void print_summary(const options *o, const result *res) {
            human(res[0].snap.granularity, b[1]));
   print_table(res);
   printf("\npeak VA: reserved address space; OOM: allocations refused for want of memory, skipped with their frees;\n"
-         "rescued: OOMs served by a larger pooled mapping or by stitching; exact and bounded:2 keep both on.\n");
+         "rescued: OOMs served by a larger pooled mapping or by stitching (for best-fit+eager, also misses stitched\n"
+         "before new memory was created); exact and bounded:2 keep both on.\n");
   int best = lowest_peak(res, 0), best_retaining = lowest_peak(res, 1);
   if (best < 0) {
     printf("every policy ran out of memory at this capacity\n");

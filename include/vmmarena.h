@@ -64,13 +64,19 @@ typedef enum vmm_retain_mode {
   VMM_RETAIN_OFF /* a scope is bookkeeping only: frees release at once */
 } vmm_retain_mode;
 
+typedef enum vmm_stitch_mode {
+  VMM_STITCH_OFF,  /* "off": never stitch */
+  VMM_STITCH_ON,   /* "on": stitch idle pooled handles when new memory is refused */
+  VMM_STITCH_EAGER /* "eager": also stitch before creating new memory inside a scope */
+} vmm_stitch_mode;
+
 #define VMM_MAX_DEVICES 64
 
 typedef struct vmm_config {
   int device;                      /* CUDA device ordinal */
   vmm_reuse_policy reuse;          /* VMMARENA_REUSE */
   double reuse_bound;              /* F of bounded:F, >= 1 */
-  int stitch;                      /* VMMARENA_STITCH on|off: stitch idle pooled handles on OOM (default on) */
+  int stitch;                      /* VMMARENA_STITCH: a vmm_stitch_mode (default VMM_STITCH_ON) */
   size_t reserve_bytes;            /* VMMARENA_RESERVE: size of each VA reservation */
   size_t headroom_bytes;           /* VMMARENA_HEADROOM: memory that must stay free */
   size_t limit_bytes;              /* VMMARENA_LIMIT: most physical bytes the arena may hold; 0 = none */

@@ -568,25 +568,43 @@ static void restore_candidates(vmm_arena *a, vmm_mapping **c, size_t n) {
   }
 }
 
+/* The first usable mapping not yet chosen, in the bucket at `node` or, walking up (or down)
+ * the sizes, the nearest bucket that has one. */
+static vmm_mapping *pick_unchosen(vmm_arena *a, vmm_avl *node, bool upward, reuse_ctx *rc) {
+  while (node) {
+    vmm_bucket *b = vmm_container_of(node, vmm_bucket, node);
+    vmm_assert(b->head); /* no empty bucket */
+    for (vmm_mapping *x = b->head; x; x = x->pool_next)
+      if (!x->stitch_chosen && usable_on_stream(rc, x)) return x;
+    if (upward) node = vmm_avl_ceil(a->pool.root, b->size + 1, 0);
+    else node = b->size > 1 ? vmm_avl_floor(a->pool.root, b->size - 1, 0) : NULL;
+  }
+  return NULL;
+}
+
 /* Unmaps idle pooled mappings (never releasing them) and maps their handles back to back
  * into a fresh range of at least `rounded` bytes. */
-static vmm_status stitch(vmm_arena *a, size_t rounded, reuse_ctx *rc, vmm_mapping **out) {
+static vmm_status stitch(vmm_arena *a, size_t rounded, size_t most, reuse_ctx *rc, vmm_mapping **out) {
   size_t n = 0, sum = 0, pieces = 0;
   vmm_mapping **c = malloc((a->pool.count ? a->pool.count : 1) * sizeof *c);
   if (!c) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for stitching");
-  /* Largest buckets first, so the fewest handles make up the request. */
-  for (vmm_avl *node = vmm_avl_last(a->pool.root); node && sum < rounded;) {
-    vmm_bucket *b = vmm_container_of(node, vmm_bucket, node);
-    for (vmm_mapping *x = b->head; x && sum < rounded; x = x->pool_next) {
-      if (!usable_on_stream(rc, x)) continue;
-      c[n++] = x;
-      sum += x->extent;
-      pieces += x->piece_count;
-    }
-    node = b->size > 0 ? vmm_avl_floor(a->pool.root, b->size - 1, 0) : NULL;
+  /* Tightest cover: the smallest idle mapping that covers what is left ends the choice;
+   * while none does, the largest smaller one is taken and the rest looked for again. */
+  while (sum < rounded) {
+    size_t left = rounded - sum;
+    vmm_mapping *x = pick_unchosen(a, vmm_avl_ceil(a->pool.root, left, 0), true, rc);
+    if (!x) x = pick_unchosen(a, vmm_avl_floor(a->pool.root, left - 1, 0), false, rc);
+    if (!x) break;
+    x->stitch_chosen = true;
+    c[n++] = x;
+    sum += x->extent;
+    pieces += x->piece_count;
   }
+  for (size_t i = 0; i < n; i++) c[i]->stitch_chosen = false;
   vmm_status st = VMM_ERR_OUT_OF_MEMORY;
-  if (sum < rounded || n < 2) goto out; /* one mapping that fits is the plain fallback's job */
+  /* One mapping that fits is the plain fallback's job; more than `most` would pin backing
+   * the reuse policy does not allow. */
+  if (sum < rounded || sum > most || n < 2) goto out;
   CUstream waited[8];
   size_t n_waited = 0;
   for (size_t i = 0; i < n; i++) { /* the candidates are unmapped below */
@@ -662,13 +680,13 @@ static vmm_status alloc_locked(vmm_arena *a, size_t bytes, size_t rounded, vmm_k
                 a->cfg.reuse != VMM_REUSE_NONE;
   reuse_ctx rc = {a, stream, -1};
   vmm_mapping *m = NULL;
+  size_t hi = rounded; /* the largest extent the reuse policy hands to this request */
+  if (a->cfg.reuse == VMM_REUSE_BEST_FIT) hi = SIZE_MAX;
+  else if (a->cfg.reuse == VMM_REUSE_BOUNDED) {
+    double bound = (double)rounded * a->cfg.reuse_bound;
+    hi = bound >= (double)SIZE_MAX ? SIZE_MAX : (size_t)bound;
+  }
   if (pooling) {
-    size_t hi = rounded;
-    if (a->cfg.reuse == VMM_REUSE_BEST_FIT) hi = SIZE_MAX;
-    else if (a->cfg.reuse == VMM_REUSE_BOUNDED) {
-      double bound = (double)rounded * a->cfg.reuse_bound;
-      hi = bound >= (double)SIZE_MAX ? SIZE_MAX : (size_t)bound;
-    }
     m = vmm_pool_take(&a->pool, rounded, hi, usable_on_stream, &rc);
     if (m) {
       a->pool_hits++;
@@ -677,6 +695,17 @@ static vmm_status alloc_locked(vmm_arena *a, size_t bytes, size_t rounded, vmm_k
       return VMM_OK;
     }
     a->pool_misses++;
+    /* Eager stitching: idle handles that together cover the request before new memory. */
+    if (a->cfg.stitch == VMM_STITCH_EAGER && a->pool.bytes >= rounded) {
+      vmm_status s = stitch(a, rounded, hi, &rc, &m);
+      if (s == VMM_OK) {
+        a->stitches++;
+        become_live(a, m, bytes, stream, tag);
+        *out = m;
+        return VMM_OK;
+      }
+      if (s != VMM_ERR_OUT_OF_MEMORY) return s;
+    }
   }
   vmm_status st = new_mapping(a, bytes, rounded, kind, &m);
   if (st == VMM_OK) {
@@ -695,7 +724,7 @@ static vmm_status alloc_locked(vmm_arena *a, size_t bytes, size_t rounded, vmm_k
     return VMM_OK;
   }
   if (a->cfg.stitch) {
-    vmm_status s = stitch(a, rounded, &rc, &m);
+    vmm_status s = stitch(a, rounded, SIZE_MAX, &rc, &m);
     if (s == VMM_OK) {
       a->stitches++;
       become_live(a, m, bytes, stream, tag);

@@ -77,7 +77,7 @@ void vmm_config_init(vmm_config *cfg) {
   cfg->device = 0;
   cfg->reuse = VMM_REUSE_EXACT;
   cfg->reuse_bound = 1.0;
-  cfg->stitch = 1;
+  cfg->stitch = VMM_STITCH_ON;
   cfg->reserve_bytes = (size_t)256 << 30;
   cfg->retain = VMM_RETAIN_AUTO;
   cfg->log_level = 1;
@@ -96,7 +96,7 @@ const char *vmm_reuse_policy_name(vmm_reuse_policy p) {
 static vmm_status set_switch(const char *env, const char *value, int *out) {
   if (!strcasecmp(value, "on") || !strcmp(value, "1") || !strcasecmp(value, "true")) return *out = 1, VMM_OK;
   if (!strcasecmp(value, "off") || !strcmp(value, "0") || !strcasecmp(value, "false")) return *out = 0, VMM_OK;
-  return usage(env, value, "expected on or off");
+  return usage(env, value, env && !strcmp(env, "VMMARENA_STITCH") ? "expected on, off or eager" : "expected on or off");
 }
 
 static vmm_status set_size(const char *env, const char *value, size_t *out, int allow_zero) {
@@ -181,7 +181,9 @@ static vmm_status apply(const struct setting *s, const char *value, vmm_config *
   if (!value) return usage(s->env, value, "no value");
   switch (s->id) {
   case 0: return set_reuse(s->env, value, cfg);
-  case 1: return set_switch(s->env, value, &cfg->stitch);
+  case 1:
+    if (!strcasecmp(value, "eager")) return cfg->stitch = VMM_STITCH_EAGER, VMM_OK;
+    return set_switch(s->env, value, &cfg->stitch);
   case 2: return set_size(s->env, value, &cfg->reserve_bytes, 0);
   case 3: return set_size(s->env, value, &cfg->headroom_bytes, 1);
   case 4: return set_size(s->env, value, &cfg->limit_bytes, 1);

@@ -98,6 +98,7 @@ typedef struct vmm_mapping {
   vmm_piece one;
   struct vmm_mapping *pool_next, *pool_prev; /* bucket list while POOLED; deferred list while DEFERRED */
   struct vmm_bucket *bucket;
+  bool stitch_chosen;     /* picked as a stitching candidate (only during stitch()) */
 } vmm_mapping;
 
 /* Open-addressing hash of mapping records by base address (mapping_table.c). */

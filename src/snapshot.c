@@ -177,7 +177,8 @@ vmm_status vmm_arena_snapshot_json(vmm_arena *a, char *buf, size_t cap, size_t *
   printf_(&w, "\"reuse\":{\"policy\":\"%s\",\"bound\":", vmm_reuse_policy_name(s.reuse));
   if (isfinite(s.reuse_bound)) printf_(&w, "%g", s.reuse_bound);
   else puts_(&w, "null"); /* JSON has no inf or nan */
-  printf_(&w, ",\"stitch\":%s},", a->cfg.stitch ? "true" : "false");
+  printf_(&w, ",\"stitch\":%s,\"stitch_eager\":%s},", a->cfg.stitch ? "true" : "false",
+          a->cfg.stitch == VMM_STITCH_EAGER ? "true" : "false");
   kv_u64(&w, "granularity", s.granularity, 0);
   kv_u64(&w, "headroom_bytes", s.headroom_bytes, 1);
   kv_u64(&w, "limit_bytes", s.limit_bytes, 1);

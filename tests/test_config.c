@@ -148,6 +148,7 @@ static void is_best_fit(const vmm_config *c) { assert_int_equal(c->reuse, VMM_RE
 static void is_reuse_none(const vmm_config *c) { assert_int_equal(c->reuse, VMM_REUSE_NONE); }
 static void stitch_on(const vmm_config *c) { assert_int_equal(c->stitch, 1); }
 static void stitch_off(const vmm_config *c) { assert_int_equal(c->stitch, 0); }
+static void stitch_eager(const vmm_config *c) { assert_int_equal(c->stitch, VMM_STITCH_EAGER); }
 static void reserve_8g(const vmm_config *c) { assert_int_equal(c->reserve_bytes, (size_t)8 << 30); }
 static void reserve_64m(const vmm_config *c) { assert_int_equal(c->reserve_bytes, (size_t)64 << 20); }
 static void headroom_1_5g(const vmm_config *c) { assert_int_equal(c->headroom_bytes, (size_t)3 << 29); }
@@ -179,6 +180,7 @@ static const good_case good_cases[] = {
     {"VMMARENA_STITCH", "off", stitch_off},
     {"VMMARENA_STITCH", "0", stitch_off},
     {"VMMARENA_STITCH", "false", stitch_off},
+    {"VMMARENA_STITCH", "eager", stitch_eager},
     {"VMMARENA_RESERVE", "8G", reserve_8g},
     {"VMMARENA_RESERVE", "64MiB", reserve_64m},
     {"VMMARENA_HEADROOM", "1.5G", headroom_1_5g},
@@ -213,7 +215,7 @@ static const bad_case bad_cases[] = {
     {"VMMARENA_REUSE", "bounded:nan", "F >= 1"},
     {"VMMARENA_REUSE", "fast", "expected exact, bounded:F (F >= 1), best-fit or none"},
     {"VMMARENA_REUSE", "", "expected exact"},
-    {"VMMARENA_STITCH", "maybe", "expected on or off"},
+    {"VMMARENA_STITCH", "maybe", "expected on, off or eager"},
     {"VMMARENA_RESERVE", "0", "must be greater than zero"},
     {"VMMARENA_RESERVE", "-1", "negative size"},
     {"VMMARENA_RESERVE", "8X", "unexpected characters"},

@@ -211,6 +211,12 @@ static void pool_push(model *m, mrec *r) {
 }
 
 /* Removes the newest mapping of bucket i. */
+static size_t bucket_count(const model *m, size_t i) {
+  size_t n = 0;
+  for (const mrec *x = m->buckets[i].head; x; x = x->next) n++;
+  return n;
+}
+
 static mrec *pool_pop(model *m, size_t i) {
   mrec *r = m->buckets[i].head;
   m->buckets[i].head = r->next;
@@ -457,26 +463,46 @@ static vmm_status op_alloc(run *r, size_t bytes, vmm_kind kind) {
       m->allocs++;
       return st;
     }
+    /* The arena's tightest cover: the smallest bucket that covers what is left ends the
+     * choice, else the largest smaller bucket gives one mapping (newest first) and the rest
+     * is looked for again. taken[b] counts the mappings chosen from bucket b. */
     size_t sum = 0, n = 0;
-    for (size_t b = m->bucket_n; b-- > 0 && sum < rounded;)
-      for (mrec *x = m->buckets[b].head; x && sum < rounded; x = x->next) sum += x->extent, n++;
+    size_t *taken = calloc(m->bucket_n ? m->bucket_n : 1, sizeof *taken);
+    size_t pooled = 1;
+    for (size_t b = 0; b < m->bucket_n; b++) pooled += bucket_count(m, b);
+    size_t *chosen = calloc(pooled, sizeof *chosen);
+    EXPECT(taken != NULL && chosen != NULL);
+    while (sum < rounded) {
+      size_t left = rounded - sum, pick = SIZE_MAX;
+      for (size_t b = bucket_lower(m, left); b < m->bucket_n && pick == SIZE_MAX; b++)
+        if (bucket_count(m, b) > taken[b]) pick = b;
+      for (size_t b = bucket_lower(m, left); b-- > 0 && pick == SIZE_MAX;)
+        if (bucket_count(m, b) > taken[b]) pick = b;
+      if (pick == SIZE_MAX) break;
+      taken[pick]++;
+      chosen[n++] = m->buckets[pick].size;
+      sum += m->buckets[pick].size;
+    }
+    free(taken);
     if (m->stitch && sum >= rounded && n >= 2) {
       EXPECT_EQ(st, VMM_OK);
       mrec *s = calloc(1, sizeof *s);
       EXPECT(s != NULL);
       *s = (mrec){got, sum, 0, VMM_KIND_TRANSIENT, M_LIVE, 0, NULL, 0};
-      while (n--) { /* the candidates, largest bucket first, newest first */
-        mrec *x = pool_pop(m, m->bucket_n - 1);
+      for (size_t k = 0; k < n; k++) { /* each chosen mapping is at the head of its bucket */
+        mrec *x = pool_pop(m, bucket_lower(m, chosen[k]));
         s->pieces += x->pieces;
         mapped_remove(m, x);
         free(x);
       }
+      free(chosen);
       mapped_insert(m, s);
       make_live(m, s);
       m->stitches++;
       m->allocs++;
       return st;
     }
+    free(chosen);
   }
   EXPECT_EQ(st, VMM_ERR_OUT_OF_MEMORY);
   EXPECT(p == NULL);

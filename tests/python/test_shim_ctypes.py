@@ -177,6 +177,43 @@ class ShimOnFakeDriver(unittest.TestCase):
             vmmarena.Storage(64)
         self.assertEqual(vmmarena.Storage("cuda:0").device, 0)
 
+    def test_raw_entry_points_reject_bad_arguments(self):
+        invalid = _lib.VMM_ERR_INVALID_ARGUMENT
+        buf = ctypes.create_string_buffer(256)
+        for device in (-1, 64):
+            self.assertIsNone(package_alloc(4096, device=device))
+            free(0x7F0000000000, 4096, device=device)  # no arena can own it: ignored
+            for name in ("retention_begin", "retention_finish", "retention_abort", "quiesce"):
+                self.assertEqual(getattr(shim, "vmm_torch_" + name)(device), invalid, name)
+            self.assertEqual(shim.vmm_torch_snapshot_json(device, buf, len(buf)), invalid)
+            self.assertEqual(shim.vmm_torch_snapshot_json_size(device), 0)
+            self.assertEqual(shim.vmm_torch_check(device, buf, len(buf)), invalid)
+            self.assertIn(b"out of range", shim.vmm_torch_last_error(device))
+        self.assertEqual(shim.vmm_torch_snapshot_json(0, None, 64), invalid)
+        self.assertEqual(shim.vmm_torch_snapshot_json(0, buf, 0), invalid)
+        # Without a message buffer the checks still answer.
+        self.assertEqual(shim.vmm_torch_config_check(None, 0), _lib.VMM_OK)
+        self.assertEqual(shim.vmm_torch_check(0, None, 0), _lib.VMM_OK)
+
+    def test_free_with_a_negative_size_is_refused(self):
+        ptr = package_alloc(4 * MiB)
+        free(ptr, -1)
+        self.assertIn(f"free(0x{ptr:x}): negative size -1", vmmarena.last_error(0))
+        self.assertEqual(mapping_at(vmmarena.snapshot(0), ptr)["state"], "live")
+        free(ptr, 4 * MiB)
+        self.assertEqual(vmmarena.snapshot(0)["mappings"], [])
+
+    def test_bad_configuration_fails_every_entry_point(self):
+        os.environ["VMMARENA_LIMIT"] = "lots"
+        invalid = _lib.VMM_ERR_INVALID_ARGUMENT
+        buf = ctypes.create_string_buffer(b"stale", 256)
+        self.assertEqual(shim.vmm_torch_retention_begin(0), invalid)
+        self.assertIn('VMMARENA_LIMIT="lots"', vmmarena.last_error(0))
+        self.assertEqual(shim.vmm_torch_snapshot_json(0, buf, len(buf)), invalid)
+        self.assertEqual(buf.value, b"")
+        self.assertEqual(shim.vmm_torch_snapshot_json_size(0), 0)
+        self.assertEqual(shim.vmm_torch_check(0, buf, len(buf)), invalid)
+
     def test_out_of_memory_message_has_the_numbers(self):
         os.environ["VMMARENA_LIMIT"] = "8M"
         kept = package_alloc(6 * MiB)

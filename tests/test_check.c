@@ -1,0 +1,281 @@
+/* The invariant checker against deliberately corrupted internal structures: each corruption
+ * must be reported with a message that names it, and each is undone before the arena is
+ * destroyed, so the checker passes again and the fake's ledger stays clean. */
+#include <string.h>
+
+#include "internal.h"
+#include "test_util.h"
+
+/* Asserts the checker fails and its message contains `expected`. */
+static void expect_broken(vmm_arena *a, const char *expected) {
+  char why[256] = "";
+  assert_int_equal(vmm_arena_check(a, why, sizeof why), -1);
+  if (!strstr(why, expected)) fprintf(stderr, "check said \"%s\", expected \"%s\"\n", why, expected);
+  assert_non_null(strstr(why, expected));
+}
+
+static vmm_mapping *mapping_of(vmm_arena *a, void *p) {
+  vmm_mapping *m = vmm_table_find(&a->table, (CUdeviceptr)(uintptr_t)p);
+  assert_non_null(m);
+  return m;
+}
+
+static vmm_free_range *lowest_free_range(vmm_arena *a) {
+  vmm_avl *n = a->ranges.by_addr;
+  assert_non_null(n);
+  while (n->left) n = n->left;
+  return vmm_container_of(n, vmm_free_range, by_addr);
+}
+
+static vmm_free_range *free_range_at(vmm_arena *a, CUdeviceptr base) {
+  vmm_avl *n = vmm_avl_find(a->ranges.by_addr, base, 0);
+  assert_non_null(n);
+  return vmm_container_of(n, vmm_free_range, by_addr);
+}
+
+static void test_null_arena(void **state) {
+  (void)state;
+  char why[64] = "";
+  assert_int_equal(vmm_arena_check(NULL, why, sizeof why), -1);
+  assert_string_equal(why, "NULL arena");
+  /* No message buffer: still a failure, nothing written. */
+  assert_int_equal(vmm_arena_check(NULL, NULL, 0), -1);
+  strcpy(why, "untouched");
+  assert_int_equal(vmm_arena_check(NULL, why, 0), -1);
+  assert_string_equal(why, "untouched");
+}
+
+static void test_mapping_records(void **state) {
+  (void)state;
+  vmm_arena *a = tu_arena(NULL, NULL);
+  size_t g = a->granularity;
+  void *p = tu_alloc(a, 3 * g, VMM_KIND_PACKAGE, TU_STREAM(0));
+  vmm_mapping *m = mapping_of(a, p);
+  tu_check(a);
+
+  m->extent += 1;
+  expect_broken(a, "misaligned");
+  m->extent -= 1;
+  size_t extent = m->extent;
+  m->extent = 0;
+  expect_broken(a, "misaligned");
+  m->extent = extent;
+  m->base += 1;
+  expect_broken(a, "misaligned");
+  m->base -= 1;
+
+  m->reservation = a->ranges.reservation_count;
+  expect_broken(a, "outside its reservation");
+  m->reservation = 0;
+  a->ranges.reservations[0].size -= g; /* the mapping is cut from the top of the reservation */
+  expect_broken(a, "outside its reservation");
+  a->ranges.reservations[0].size += g;
+
+  /* Moving the mapping down by one granule makes it overlap the free range below it. */
+  m->base -= g;
+  expect_broken(a, "overlaps a free range");
+  m->base += g;
+
+  m->pieces[0].size += g;
+  expect_broken(a, "pieces sum");
+  m->pieces[0].size -= g;
+
+  a->table.count++;
+  expect_broken(a, "mapping table counts 2, holds 1");
+  a->table.count--;
+  tu_check(a);
+  assert_int_equal(vmm_arena_free(a, p, TU_STREAM(0)), VMM_OK);
+  tu_destroy(a);
+}
+
+/* Two reservations filled exactly: no free range at all, and each mapping lies outside the
+ * other's reservation, one below its base and one past its end. */
+static void test_mapping_in_wrong_reservation(void **state) {
+  (void)state;
+  vmm_config cfg = tu_config();
+  cfg.reserve_bytes = 2 * MiB;
+  vmm_arena *a = tu_arena(NULL, &cfg);
+  void *p0 = tu_alloc(a, 2 * MiB, VMM_KIND_PACKAGE, TU_STREAM(0));
+  void *p1 = tu_alloc(a, 2 * MiB, VMM_KIND_PACKAGE, TU_STREAM(0));
+  assert_int_equal(a->ranges.reservation_count, 2);
+  assert_null(a->ranges.by_addr);
+  tu_check(a);
+  vmm_mapping *m0 = mapping_of(a, p0), *m1 = mapping_of(a, p1);
+  uint32_t r0 = m0->reservation, r1 = m1->reservation;
+  assert_int_not_equal(r0, r1);
+  m0->reservation = r1;
+  expect_broken(a, "outside its reservation");
+  m0->reservation = r0;
+  m1->reservation = r0;
+  expect_broken(a, "outside its reservation");
+  m1->reservation = r1;
+  tu_check(a);
+  assert_int_equal(vmm_arena_free(a, p0, TU_STREAM(0)), VMM_OK);
+  assert_int_equal(vmm_arena_free(a, p1, TU_STREAM(0)), VMM_OK);
+  tu_destroy(a);
+}
+
+static void test_counters(void **state) {
+  (void)state;
+  vmm_arena *a = tu_arena(NULL, NULL);
+  void *p = tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, TU_STREAM(0));
+  tu_check(a);
+
+  a->kind[VMM_KIND_TRANSIENT].live_count++;
+  expect_broken(a, "per-kind counters differ from a recount (transient live 2 vs 1");
+  a->kind[VMM_KIND_TRANSIENT].live_count--;
+
+  a->mapped_bytes++;
+  expect_broken(a, "byte counters differ: mapped");
+  a->mapped_bytes--;
+  a->physical_bytes++;
+  expect_broken(a, "byte counters differ");
+  a->physical_bytes--;
+
+  a->ranges.free_bytes += a->granularity;
+  expect_broken(a, "VA accounting");
+  a->ranges.free_bytes -= a->granularity;
+  a->stuck_bytes += a->granularity;
+  expect_broken(a, "stuck");
+  a->stuck_bytes -= a->granularity;
+  tu_check(a);
+  assert_int_equal(vmm_arena_free(a, p, TU_STREAM(0)), VMM_OK);
+  tu_destroy(a);
+}
+
+/* Three mappings cut from the top of one reservation, the middle one freed: two free ranges,
+ * the reservation's bottom and the hole. */
+static void test_free_ranges(void **state) {
+  (void)state;
+  vmm_arena *a = tu_arena(NULL, NULL);
+  size_t g = a->granularity;
+  void *top = tu_alloc(a, g, VMM_KIND_PACKAGE, TU_STREAM(0));
+  void *mid = tu_alloc(a, g, VMM_KIND_PACKAGE, TU_STREAM(0));
+  void *low = tu_alloc(a, g, VMM_KIND_PACKAGE, TU_STREAM(0));
+  assert_int_equal(vmm_arena_free(a, mid, TU_STREAM(0)), VMM_OK);
+  assert_int_equal(a->ranges.free_range_count, 2);
+  tu_check(a);
+  vmm_free_range *bottom = lowest_free_range(a);
+  vmm_free_range *hole = free_range_at(a, (CUdeviceptr)(uintptr_t)mid);
+  CUdeviceptr hole_base = hole->base;
+
+  a->ranges.free_range_count++;
+  expect_broken(a, "free-range trees broken (2 by address, 2 by size, 3 counted)");
+  a->ranges.free_range_count--;
+  int height = a->ranges.by_addr->height;
+  a->ranges.by_addr->height = height + 5;
+  expect_broken(a, "free-range trees broken (-1 by address");
+  a->ranges.by_addr->height = height;
+  height = a->ranges.by_size->height;
+  a->ranges.by_size->height = height + 5;
+  expect_broken(a, "-1 by size");
+  a->ranges.by_size->height = height;
+  /* The size index loses one of the two ranges. */
+  vmm_avl *by_size = a->ranges.by_size, *kept = by_size->left ? by_size->left : by_size->right;
+  assert_non_null(kept);
+  a->ranges.by_size = kept;
+  expect_broken(a, "free-range trees broken (2 by address, 1 by size, 2 counted)");
+  a->ranges.by_size = by_size;
+
+  hole->reservation = 7;
+  expect_broken(a, "free range with bad reservation");
+  hole->reservation = bottom->reservation;
+
+  bottom->base -= g;
+  expect_broken(a, "outside its reservation");
+  bottom->base += g;
+  hole->size += 3 * g;
+  expect_broken(a, "outside its reservation");
+  hole->size -= 3 * g;
+  size_t hole_size = hole->size;
+  hole->size = 0;
+  expect_broken(a, "outside its reservation");
+  hole->size = hole_size;
+
+  /* The hole's base moved onto the bottom range (keys unchanged, so the trees stay sorted). */
+  hole->base = bottom->base + bottom->size - g;
+  expect_broken(a, "free ranges overlap");
+  hole->base = bottom->base + bottom->size;
+  expect_broken(a, "free ranges not coalesced");
+  hole->base = hole_base;
+
+  bottom->size -= g;
+  expect_broken(a, "missing from the size index");
+  bottom->size += g;
+
+  tu_check(a);
+  assert_int_equal(vmm_arena_free(a, top, TU_STREAM(0)), VMM_OK);
+  assert_int_equal(vmm_arena_free(a, low, TU_STREAM(0)), VMM_OK);
+  tu_destroy(a);
+}
+
+/* Inside a scope, two idle 2 MiB mappings in one bucket and one 4 MiB mapping in another. */
+static void test_pool(void **state) {
+  (void)state;
+  vmm_arena *a = tu_arena(NULL, NULL);
+  assert_int_equal(vmm_retention_begin(a), VMM_OK);
+  void *p[3];
+  p[0] = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, TU_STREAM(0));
+  p[1] = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, TU_STREAM(0));
+  p[2] = tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, TU_STREAM(0));
+  for (int i = 0; i < 3; i++) assert_int_equal(vmm_arena_free(a, p[i], TU_STREAM(0)), VMM_OK);
+  assert_int_equal(a->pool.buckets, 2);
+  assert_int_equal(a->pool.count, 3);
+  tu_check(a);
+  vmm_bucket *small = vmm_container_of(vmm_avl_find(a->pool.root, 2 * MiB, 0), vmm_bucket, node);
+  assert_int_equal(small->count, 2);
+  vmm_mapping *first = small->head, *second = first->pool_next;
+  assert_non_null(second);
+
+  int height = a->pool.root->height;
+  a->pool.root->height = height + 3;
+  expect_broken(a, "pool bucket tree unsorted or unbalanced");
+  a->pool.root->height = height;
+
+  small->count = 0;
+  expect_broken(a, "empty pool bucket of 2097152 bytes");
+  small->count = 2;
+  small->head = NULL;
+  expect_broken(a, "empty pool bucket");
+  small->head = first;
+
+  second->state = VMM_MAP_LIVE;
+  expect_broken(a, "misfiled in bucket 2097152");
+  second->state = VMM_MAP_POOLED;
+  second->bucket = NULL;
+  expect_broken(a, "misfiled");
+  second->bucket = small;
+  second->extent += MiB;
+  expect_broken(a, "misfiled");
+  second->extent -= MiB;
+
+  second->pool_prev = NULL;
+  expect_broken(a, "bucket 2097152 list broken");
+  second->pool_prev = first;
+
+  small->count = 3;
+  expect_broken(a, "bucket 2097152 counts 3, holds 2");
+  small->count = 2;
+
+  a->pool.buckets++;
+  expect_broken(a, "pool totals 3/3/");
+  a->pool.buckets--;
+  a->pool.count++;
+  expect_broken(a, "pool totals");
+  a->pool.count--;
+  a->pool.bytes++;
+  expect_broken(a, "pool totals");
+  a->pool.bytes--;
+  tu_check(a);
+  assert_int_equal(vmm_retention_finish(a), VMM_OK);
+  tu_destroy(a);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_null_arena),  cmocka_unit_test(test_mapping_records),
+      cmocka_unit_test(test_mapping_in_wrong_reservation), cmocka_unit_test(test_counters),
+      cmocka_unit_test(test_free_ranges), cmocka_unit_test(test_pool),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
