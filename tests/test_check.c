@@ -209,20 +209,23 @@ static void test_free_ranges(void **state) {
   tu_destroy(a);
 }
 
-/* Inside a scope, two idle 2 MiB mappings in one bucket and one 4 MiB mapping in another. */
+/* Inside a scope, two idle 2 MiB mappings in one bucket and one each in 4 and 8 MiB buckets:
+ * the 2 MiB bucket is the tree's left leaf, so its corruption is found below the root. */
 static void test_pool(void **state) {
   (void)state;
   vmm_arena *a = tu_arena(NULL, NULL);
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
-  void *p[3];
+  void *p[4];
   p[0] = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, TU_STREAM(0));
   p[1] = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, TU_STREAM(0));
   p[2] = tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, TU_STREAM(0));
-  for (int i = 0; i < 3; i++) assert_int_equal(vmm_arena_free(a, p[i], TU_STREAM(0)), VMM_OK);
-  assert_int_equal(a->pool.buckets, 2);
-  assert_int_equal(a->pool.count, 3);
+  p[3] = tu_alloc(a, 8 * MiB, VMM_KIND_TRANSIENT, TU_STREAM(0));
+  for (int i = 0; i < 4; i++) assert_int_equal(vmm_arena_free(a, p[i], TU_STREAM(0)), VMM_OK);
+  assert_int_equal(a->pool.buckets, 3);
+  assert_int_equal(a->pool.count, 4);
   tu_check(a);
   vmm_bucket *small = vmm_container_of(vmm_avl_find(a->pool.root, 2 * MiB, 0), vmm_bucket, node);
+  assert_ptr_equal(a->pool.root->left, &small->node);
   assert_int_equal(small->count, 2);
   vmm_mapping *first = small->head, *second = first->pool_next;
   assert_non_null(second);
@@ -258,7 +261,7 @@ static void test_pool(void **state) {
   small->count = 2;
 
   a->pool.buckets++;
-  expect_broken(a, "pool totals 3/3/");
+  expect_broken(a, "pool totals 4/4/");
   a->pool.buckets--;
   a->pool.count++;
   expect_broken(a, "pool totals");

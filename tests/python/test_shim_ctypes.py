@@ -194,6 +194,10 @@ class ShimOnFakeDriver(unittest.TestCase):
         # Without a message buffer the checks still answer.
         self.assertEqual(shim.vmm_torch_config_check(None, 0), _lib.VMM_OK)
         self.assertEqual(shim.vmm_torch_check(0, None, 0), _lib.VMM_OK)
+        untouched = ctypes.create_string_buffer(b"untouched", 16)
+        self.assertEqual(shim.vmm_torch_config_check(untouched, 0), _lib.VMM_OK)
+        self.assertEqual(shim.vmm_torch_check(0, untouched, 0), _lib.VMM_OK)
+        self.assertEqual(untouched.value, b"untouched")
 
     def test_free_with_a_negative_size_is_refused(self):
         ptr = package_alloc(4 * MiB)
