@@ -314,16 +314,15 @@ static CUresult map_pieces(vmm_arena *a, vmm_mapping *m, vmm_driver_entry *faile
   return r;
 }
 
-static vmm_status refuse(vmm_arena *a, const char *what, size_t bytes, size_t rounded, vmm_kind kind,
-                         const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-static vmm_status refuse(vmm_arena *a, const char *what, size_t bytes, size_t rounded, vmm_kind kind,
-                         const char *fmt, ...) {
+/* Records a refusal of new memory: the request, why, and what the arena holds. */
+static vmm_status refuse(vmm_arena *a, size_t bytes, size_t rounded, vmm_kind kind, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static vmm_status refuse(vmm_arena *a, size_t bytes, size_t rounded, vmm_kind kind, const char *fmt, ...) {
   char why[300], holds[200], b[32];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(why, sizeof why, fmt, ap);
   va_end(ap);
-  (void)what;
   vmm_describe_holdings(a, holds, sizeof holds);
   return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "%s %s refused (requested %zu B, rounded %zu B): %s; %s", kind_names[kind],
                   vmm_fmt_bytes(rounded, b), bytes, rounded, why, holds);
@@ -335,7 +334,7 @@ static vmm_status admit(vmm_arena *a, size_t bytes, size_t rounded, vmm_kind kin
   if (a->cfg.limit_bytes && (a->physical_bytes > a->cfg.limit_bytes || rounded > a->cfg.limit_bytes - a->physical_bytes)) {
     a->limit_refusals++;
     /* Exact bytes too: rounded units cannot tell a limit of 16 MiB - 1 from 16 MiB. */
-    return refuse(a, "limit", bytes, rounded, kind, "limit %s < %s held + %s requested (limit %zu B, %llu B required)",
+    return refuse(a, bytes, rounded, kind, "limit %s < %s held + %s requested (limit %zu B, %llu B required)",
                   vmm_fmt_bytes(a->cfg.limit_bytes, b[0]), vmm_fmt_bytes(a->physical_bytes, b[1]),
                   vmm_fmt_bytes(rounded, b[2]), a->cfg.limit_bytes,
                   (unsigned long long)a->physical_bytes + (unsigned long long)rounded);
@@ -360,7 +359,7 @@ static vmm_status admit(vmm_arena *a, size_t bytes, size_t rounded, vmm_kind kin
   size_t required = overflow ? SIZE_MAX : rounded + a->cfg.headroom_bytes;
   if (overflow || found < required) {
     a->headroom_refusals++;
-    return refuse(a, "headroom", bytes, rounded, kind, "%s %s (%zu B) < %s + headroom %s (%zu B required)", figure,
+    return refuse(a, bytes, rounded, kind, "%s %s (%zu B) < %s + headroom %s (%zu B required)", figure,
                   vmm_fmt_bytes(found, b[0]), found, vmm_fmt_bytes(rounded, b[1]),
                   vmm_fmt_bytes(a->cfg.headroom_bytes, b[2]), required);
   }
@@ -385,9 +384,9 @@ static vmm_status new_mapping(vmm_arena *a, size_t bytes, size_t rounded, vmm_ki
       char b[2][32];
       a->oom_refusals++;
       if (VMM_DRV(a, mem_get_info, &free_b, &total_b) == CUDA_SUCCESS)
-        return refuse(a, "driver", bytes, rounded, kind, "cuMemCreate returned CUDA_ERROR_OUT_OF_MEMORY; device free %s of %s",
+        return refuse(a, bytes, rounded, kind, "cuMemCreate returned CUDA_ERROR_OUT_OF_MEMORY; device free %s of %s",
                       vmm_fmt_bytes(free_b, b[0]), vmm_fmt_bytes(total_b, b[1]));
-      return refuse(a, "driver", bytes, rounded, kind, "cuMemCreate returned CUDA_ERROR_OUT_OF_MEMORY");
+      return refuse(a, bytes, rounded, kind, "cuMemCreate returned CUDA_ERROR_OUT_OF_MEMORY");
     }
     char b[32];
     return vmm_fail_driver(a, r, VMM_DRV_mem_create, "%s %s (requested %zu B, rounded %zu B): creating physical memory",
