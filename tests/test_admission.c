@@ -8,12 +8,6 @@
 
 #define S TU_STREAM(1)
 
-static vmm_snapshot snap(vmm_arena *a) {
-  vmm_snapshot s;
-  assert_int_equal(vmm_arena_snapshot(a, &s), VMM_OK);
-  return s;
-}
-
 /* An arena with the given limit and headroom on a fake with these options. */
 static vmm_arena *arena_with(const fake_options *opts, size_t headroom, size_t limit, int stitch) {
   vmm_config cfg = tu_config();
@@ -47,7 +41,7 @@ static void assert_same_holdings(const vmm_snapshot *x, const vmm_snapshot *y) {
  * nothing changed (arena, fake ledger, no cuMemCreate) and that the message holds every
  * needle. Returns the snapshot after the refusal. */
 static vmm_snapshot expect_refusal(vmm_arena *a, size_t bytes, vmm_kind kind, const char *const *needles) {
-  vmm_snapshot before = snap(a);
+  vmm_snapshot before = tu_snapshot(a);
   fake_ledger lb, la;
   fake_get_ledger(&lb);
   void *p = (void *)0x1;
@@ -57,7 +51,7 @@ static vmm_snapshot expect_refusal(vmm_arena *a, size_t bytes, vmm_kind kind, co
   const char *fatal = NULL;
   assert_int_equal(vmm_arena_fatal_error(a, &fatal), VMM_OK);
   assert_string_equal(fatal, "");
-  vmm_snapshot after = snap(a);
+  vmm_snapshot after = tu_snapshot(a);
   assert_same_holdings(&before, &after);
   assert_int_equal(after.fatal_status, VMM_OK);
   fake_get_ledger(&la);
@@ -109,7 +103,7 @@ static void headroom_discrete_boundary(void **state) {
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_get_info), 1);
   assert_int_equal(fake_calls_since(from, VMM_DRV_host_memory_available), 0);
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 1);
-  s = snap(a);
+  s = tu_snapshot(a);
   assert_int_equal(s.headroom_refusals, 2);
   assert_int_equal(s.physical_bytes, 10 * MiB);
 
@@ -160,7 +154,7 @@ static void headroom_integrated_boundary(void **state) {
   (void)state;
   fake_options opts = {.integrated = 1, .host_mem_available = 14 * MiB - 1};
   vmm_arena *a = arena_with(&opts, 10 * MiB, 0, 1);
-  vmm_snapshot s = snap(a);
+  vmm_snapshot s = tu_snapshot(a);
   assert_int_equal(s.integrated, 1);
 
   char r[96], found[128];
@@ -202,7 +196,7 @@ static void limit_boundary(void **state) {
 
   /* Exactly the limit: 6 MiB held + 10 MiB = 16 MiB. */
   void *fits = tu_alloc(a, 10 * MiB, VMM_KIND_PACKAGE, S);
-  assert_int_equal(snap(a).physical_bytes, 16 * MiB);
+  assert_int_equal(tu_snapshot(a).physical_bytes, 16 * MiB);
   assert_int_equal(vmm_arena_free(a, fits, S), VMM_OK);
 
   /* One byte more rounds to 12 MiB: 18 MiB > 16 MiB. */
@@ -244,7 +238,7 @@ static void limit_zero_is_none(void **state) {
   vmm_arena *a = arena_with(NULL, 0, 0, 1);
   void *p[3];
   for (int i = 0; i < 3; i++) p[i] = tu_alloc(a, 16 * GiB, VMM_KIND_PACKAGE, S);
-  vmm_snapshot s = snap(a);
+  vmm_snapshot s = tu_snapshot(a);
   assert_int_equal(s.limit_bytes, 0);
   assert_int_equal(s.limit_refusals, 0);
   assert_int_equal(s.physical_bytes, 48 * GiB);
@@ -330,7 +324,7 @@ static void refusal_falls_back_to_pool(void **state) {
     assert_int_equal(fake_mapped_size_at((CUdeviceptr)(uintptr_t)p), 8 * MiB);
     const char *fatal = NULL;
     assert_int_equal(vmm_arena_fatal_error(a, &fatal), VMM_OK);
-    s = snap(a);
+    s = tu_snapshot(a);
     assert_int_equal(s.pool_misses, 2); /* the first 8 MiB request and this one */
     assert_int_equal(s.pool_fallbacks, 1);
     assert_int_equal(s.pool_hits, 0);
@@ -368,7 +362,7 @@ static void fallback_finds_nothing_then_stitches(void **state) {
       assert_int_equal(s.retained_reusable_handles, 2);
     } else {
       void *p = tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S);
-      vmm_snapshot s = snap(a);
+      vmm_snapshot s = tu_snapshot(a);
       assert_int_equal(s.stitches, 1);
       assert_int_equal(s.limit_refusals, 1);
       assert_int_equal(s.physical_bytes, 8 * MiB);
@@ -387,7 +381,7 @@ static void host_memory_unreadable(void **state) {
   (void)state;
   fake_options opts = {.integrated = 1};
   vmm_arena *a = arena_with(&opts, 1 * MiB, 0, 1);
-  vmm_snapshot before = snap(a);
+  vmm_snapshot before = tu_snapshot(a);
   fake_fail_nth(VMM_DRV_host_memory_available, 1, CUDA_ERROR_NOT_SUPPORTED, 0);
   void *p = (void *)0x1;
   vmm_status st = vmm_arena_alloc(a, 2 * MiB, VMM_KIND_PACKAGE, S, &p);
@@ -397,7 +391,7 @@ static void host_memory_unreadable(void **state) {
   assert_contains(msg, "reading host MemAvailable for the headroom check");
   assert_contains(msg, "host_memory_available returned CUDA_ERROR_NOT_SUPPORTED (801)");
   assert_contains(msg, "arena holds 0 B live");
-  vmm_snapshot after = snap(a);
+  vmm_snapshot after = tu_snapshot(a);
   assert_same_holdings(&before, &after);
   assert_int_equal(after.headroom_refusals, 0);
   assert_int_equal(after.driver[VMM_DRV_host_memory_available].failures, 1);
@@ -410,7 +404,7 @@ static void host_memory_unreadable(void **state) {
 static void device_free_memory_unreadable(void **state) {
   (void)state;
   vmm_arena *a = arena_with(NULL, 1 * MiB, 0, 1);
-  vmm_snapshot before = snap(a);
+  vmm_snapshot before = tu_snapshot(a);
   fake_fail_nth(VMM_DRV_mem_get_info, 1, CUDA_ERROR_UNKNOWN, 0);
   void *p = (void *)0x1;
   assert_int_equal(vmm_arena_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, S, &p), VMM_ERR_DRIVER);
@@ -418,7 +412,7 @@ static void device_free_memory_unreadable(void **state) {
   const char *msg = vmm_arena_last_error(a);
   assert_contains(msg, "reading device free memory for the headroom check");
   assert_contains(msg, "cuMemGetInfo returned CUDA_ERROR_UNKNOWN (999)");
-  vmm_snapshot after = snap(a);
+  vmm_snapshot after = tu_snapshot(a);
   assert_same_holdings(&before, &after);
   assert_int_equal(after.headroom_refusals, 0);
   p = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, S);

@@ -157,12 +157,6 @@ static vmm_arena *create_step(const vmm_config *cfg, const char *what) {
   return a;
 }
 
-static vmm_snapshot snap(vmm_arena *a) {
-  vmm_snapshot s;
-  assert_int_equal(vmm_arena_snapshot(a, &s), VMM_OK);
-  return s;
-}
-
 /* Failed calls among the log's entries `e`: each failed cuCtxPopCurrent leaves the context
  * current on this thread and each failed cuDevicePrimaryCtxRelease leaves a retain, as the
  * real driver would; nothing else may be left. */
@@ -229,25 +223,25 @@ static void scenario(void) {
    * are stitched. */
   void *t4 = alloc_step(a, 0, 16 * MiB, VMM_KIND_TRANSIENT, S1, VMM_OK, "transient 16 MiB (stitched)");
   if (faultless) {
-    vmm_snapshot s = snap(a);
+    vmm_snapshot s = tu_snapshot(a);
     assert_int_equal(s.stitches, 1);
     assert_int_equal(s.pool_hits, 1);
     assert_true(s.headroom_refusals >= 1);
   }
   /* A package free inside the scope unmaps and defers the release to finish. */
   free_step(a, 0, &p1, S1, "free package in scope");
-  if (faultless) assert_int_equal(snap(a).kind[VMM_KIND_PACKAGE].retained_count, 1);
+  if (faultless) assert_int_equal(tu_snapshot(a).kind[VMM_KIND_PACKAGE].retained_count, 1);
   /* A free on a capturing stream is deferred until the capture is over. */
   fake_set_capturing(S3, 1);
   void *p2 = alloc_step(a, 0, 2 * MiB, VMM_KIND_PACKAGE, S3, VMM_OK, "package 2 MiB during capture");
   free_step(a, 0, &p2, S3, "free during capture (deferred)");
-  if (faultless) assert_int_equal(snap(a).deferred_frees, 1);
+  if (faultless) assert_int_equal(tu_snapshot(a).deferred_frees, 1);
   fake_set_capturing(S3, 0);
   expect(a, 0, vmm_arena_quiesce(a), VMM_OK, 0, "quiesce");
   free_step(a, 0, &t4, S1, "free the stitched mapping into the pool");
   finish_step(a, 0, &scope);
   if (faultless) {
-    vmm_snapshot s = snap(a);
+    vmm_snapshot s = tu_snapshot(a);
     assert_int_equal(s.physical_bytes, 0);
     assert_int_equal(s.scopes_finished, 1);
   }
@@ -261,7 +255,7 @@ static void scenario(void) {
   free_step(a, 0, &t7, S1, "free t7 of the aborted scope");
   if (faultless) {
     assert_int_equal(fake_call_count(), calls_before_abort); /* abort and that free made no driver call */
-    assert_int_equal(snap(a).kind[VMM_KIND_TRANSIENT].abandoned_bytes, 8 * MiB);
+    assert_int_equal(tu_snapshot(a).kind[VMM_KIND_TRANSIENT].abandoned_bytes, 8 * MiB);
   }
 
   fake_set_integrated(1);

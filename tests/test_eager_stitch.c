@@ -15,12 +15,6 @@ static vmm_arena *eager_arena(vmm_reuse_policy reuse) {
   return tu_arena(NULL, &cfg);
 }
 
-static vmm_snapshot snap(vmm_arena *a) {
-  vmm_snapshot s;
-  assert_int_equal(vmm_arena_snapshot(a, &s), VMM_OK);
-  return s;
-}
-
 /* Pools mappings of the given sizes (MiB), freed on one stream. */
 static void pool_sizes(vmm_arena *a, const size_t *mib, size_t n) {
   void *p[8];
@@ -38,7 +32,7 @@ static void best_fit_stitches_before_creating(void **state) {
   /* 10 MiB: no single mapping covers it; the tightest cover is 8 + 2, not 8 + 6. */
   void *p = tu_alloc(a, 10 * MiB, VMM_KIND_TRANSIENT, S1);
   assert_int_equal(fake_calls_since(0, VMM_DRV_mem_create), creates);
-  vmm_snapshot s = snap(a);
+  vmm_snapshot s = tu_snapshot(a);
   assert_int_equal(s.stitches, 1);
   assert_int_equal(s.kind[VMM_KIND_TRANSIENT].live_bytes, 10 * MiB);
   assert_int_equal(s.kind[VMM_KIND_TRANSIENT].pooled_bytes, 10 * MiB); /* the 6 and the 4 */
@@ -47,7 +41,7 @@ static void best_fit_stitches_before_creating(void **state) {
   tu_check(a);
   /* Freed, the stitched mapping pools whole, and finish releases all four handles once. */
   assert_int_equal(vmm_arena_free(a, p, S1), VMM_OK);
-  assert_int_equal(snap(a).kind[VMM_KIND_TRANSIENT].pooled_bytes, 20 * MiB);
+  assert_int_equal(tu_snapshot(a).kind[VMM_KIND_TRANSIENT].pooled_bytes, 20 * MiB);
   size_t from = fake_call_count();
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_release), 4);
@@ -64,7 +58,7 @@ static void exact_stitches_only_an_exact_cover(void **state) {
   /* 12 MiB is covered exactly by 8 + 4: stitched. */
   void *p = tu_alloc(a, 12 * MiB, VMM_KIND_TRANSIENT, S1);
   assert_int_equal(fake_calls_since(0, VMM_DRV_mem_create), creates);
-  assert_int_equal(snap(a).stitches, 1);
+  assert_int_equal(tu_snapshot(a).stitches, 1);
   assert_int_equal(vmm_arena_free(a, p, S1), VMM_OK);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   tu_destroy(a);
@@ -76,8 +70,8 @@ static void exact_stitches_only_an_exact_cover(void **state) {
   creates = fake_calls_since(0, VMM_DRV_mem_create);
   void *q = tu_alloc(a, 10 * MiB, VMM_KIND_TRANSIENT, S1);
   assert_int_equal(fake_calls_since(0, VMM_DRV_mem_create), creates + 1);
-  assert_int_equal(snap(a).stitches, 0);
-  assert_int_equal(snap(a).kind[VMM_KIND_TRANSIENT].pooled_bytes, 12 * MiB);
+  assert_int_equal(tu_snapshot(a).stitches, 0);
+  assert_int_equal(tu_snapshot(a).kind[VMM_KIND_TRANSIENT].pooled_bytes, 12 * MiB);
   assert_int_equal(vmm_arena_free(a, q, S1), VMM_OK);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   tu_destroy(a);
@@ -94,7 +88,7 @@ static void plain_stitching_waits_for_a_refusal(void **state) {
   size_t creates = fake_calls_since(0, VMM_DRV_mem_create);
   void *p = tu_alloc(a, 10 * MiB, VMM_KIND_TRANSIENT, S1);
   assert_int_equal(fake_calls_since(0, VMM_DRV_mem_create), creates + 1);
-  assert_int_equal(snap(a).stitches, 0);
+  assert_int_equal(tu_snapshot(a).stitches, 0);
   assert_int_equal(vmm_arena_free(a, p, S1), VMM_OK);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   tu_destroy(a);

@@ -48,12 +48,6 @@ static const policy_case cases[] = {
     {VMM_REUSE_NONE, 0, {2, 4, 8}, 3, B(3), MISS},
 };
 
-static vmm_snapshot snap(vmm_arena *a) {
-  vmm_snapshot s;
-  assert_int_equal(vmm_arena_snapshot(a, &s), VMM_OK);
-  return s;
-}
-
 static size_t creates(void) {
   fake_ledger l;
   fake_get_ledger(&l);
@@ -65,7 +59,7 @@ static vmm_arena *policy_arena(vmm_reuse_policy policy, double bound) {
   cfg.reuse = policy;
   cfg.reuse_bound = bound;
   vmm_arena *a = tu_arena(NULL, &cfg);
-  assert_int_equal(snap(a).reuse, policy);
+  assert_int_equal(tu_snapshot(a).reuse, policy);
   return a;
 }
 
@@ -79,12 +73,12 @@ static void policy_table(void **state) {
     void *pooled[MAX_POOLED];
     for (size_t i = 0; i < c->pooled_count; i++) pooled[i] = tu_alloc(a, c->pooled[i] * MiB, VMM_KIND_TRANSIENT, S1);
     for (size_t i = 0; i < c->pooled_count; i++) assert_int_equal(vmm_arena_free(a, pooled[i], S1), VMM_OK);
-    vmm_snapshot before = snap(a);
+    vmm_snapshot before = tu_snapshot(a);
     assert_int_equal(before.retained_reusable_handles, c->pooled_count);
     size_t created = creates();
 
     void *got = tu_alloc(a, c->request, VMM_KIND_TRANSIENT, S1);
-    vmm_snapshot after = snap(a);
+    vmm_snapshot after = tu_snapshot(a);
     if (c->expect == MISS) {
       for (size_t i = 0; i < c->pooled_count; i++) assert_ptr_not_equal(got, pooled[i]);
       assert_int_equal(creates(), created + 1);
@@ -132,7 +126,7 @@ static void pooled_mapping_handed_back_whole(void **state) {
     assert_ptr_equal(p, big);
     assert_int_equal(fake_mapped_size_at((CUdeviceptr)(uintptr_t)p), 8 * MiB);
 
-    vmm_snapshot s = snap(a);
+    vmm_snapshot s = tu_snapshot(a);
     assert_int_equal(s.kind[VMM_KIND_TRANSIENT].live_count, 1);
     assert_int_equal(s.kind[VMM_KIND_TRANSIENT].live_bytes, 8 * MiB);
     assert_int_equal(s.retained_reusable_handles, 0);
@@ -145,7 +139,7 @@ static void pooled_mapping_handed_back_whole(void **state) {
     assert_ptr_equal(strstr(json, want), inventory_entry(json, p));
 
     assert_int_equal(vmm_arena_free(a, p, S1), VMM_OK);
-    s = snap(a);
+    s = tu_snapshot(a);
     assert_int_equal(s.retained_reusable_handles, 1);
     assert_int_equal(s.retained_reusable_bytes, 8 * MiB);
     assert_int_equal(s.kind[VMM_KIND_TRANSIENT].live_bytes, 0);

@@ -19,12 +19,6 @@ static CUdeviceptr dp(void *p) { return (CUdeviceptr)(uintptr_t)p; }
 
 static size_t round_up(size_t bytes) { return (bytes + GRAIN - 1) / GRAIN * GRAIN; }
 
-static vmm_snapshot snap(vmm_arena *a) {
-  vmm_snapshot s;
-  assert_int_equal(vmm_arena_snapshot(a, &s), VMM_OK);
-  return s;
-}
-
 static fake_ledger ledger(void) {
   fake_ledger l;
   fake_get_ledger(&l);
@@ -117,7 +111,7 @@ static void view_free(const vmm_avl *n, arena_view *v) {
 static arena_view view(vmm_arena *a) {
   arena_view v;
   memset(&v, 0, sizeof v);
-  vmm_snapshot s = snap(a);
+  vmm_snapshot s = tu_snapshot(a);
   v.pooled = s.retained_reusable_handles;
   v.pooled_bytes = s.retained_reusable_bytes;
   v.buckets = s.pool_buckets;
@@ -182,7 +176,7 @@ static void twelve_warmups_create_memory_once(void **state) {
     assert_int_equal(ledger().calls_by_entry[VMM_DRV_mem_create], creates_after_first);
   }
   assert_int_equal(creates_after_first, N);
-  vmm_snapshot s = snap(a);
+  vmm_snapshot s = tu_snapshot(a);
   assert_int_equal(s.pool_hits, (WARMUPS - 1) * N);
   assert_int_equal(s.pool_misses, N);
   assert_int_equal(s.physical_peak_bytes, warmup_bytes);
@@ -190,7 +184,7 @@ static void twelve_warmups_create_memory_once(void **state) {
   assert_int_equal(s.retained_reusable_handles, N);
   assert_int_equal(s.retained_reusable_bytes, warmup_bytes);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
-  assert_int_equal(snap(a).physical_bytes, 0);
+  assert_int_equal(tu_snapshot(a).physical_bytes, 0);
   assert_int_equal(ledger().live_handles, 0);
   tu_destroy(a);
 }
@@ -206,7 +200,7 @@ static void scope_state_rules(void **state) {
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   assert_int_equal(vmm_retention_begin(a), VMM_ERR_SCOPE_STATE);
   assert_non_null(strstr(vmm_arena_last_error(a), "already active"));
-  assert_int_equal(snap(a).scope_state, VMM_SCOPE_ACTIVE);
+  assert_int_equal(tu_snapshot(a).scope_state, VMM_SCOPE_ACTIVE);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   assert_int_equal(vmm_retention_finish(a), VMM_ERR_SCOPE_STATE);
   assert_int_equal(vmm_retention_abort(a), VMM_ERR_SCOPE_STATE);
@@ -215,7 +209,7 @@ static void scope_state_rules(void **state) {
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   void *t = transient(a, 4 * MiB);
   free_ok(a, t, S1);
-  assert_int_equal(snap(a).retained_reusable_handles, 1);
+  assert_int_equal(tu_snapshot(a).retained_reusable_handles, 1);
   assert_int_equal(vmm_retention_abort(a), VMM_OK);
   assert_int_equal(vmm_retention_abort(a), VMM_ERR_SCOPE_STATE);
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
@@ -226,7 +220,7 @@ static void scope_state_rules(void **state) {
   free_ok(a, u, S1);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
 
-  vmm_snapshot s = snap(a);
+  vmm_snapshot s = tu_snapshot(a);
   assert_int_equal(s.scope_state, VMM_SCOPE_NONE);
   assert_int_equal(s.scopes_begun, 3);
   assert_int_equal(s.scopes_finished, 2);
@@ -269,7 +263,7 @@ static void finish_drains_pool_shapes(void **state) {
       taken = transient(a, shape->take);
       for (size_t i = 0; i < shape->count; i++)
         if (p[i] == taken) pooled[i] = 0;
-      assert_int_equal(snap(a).pool_hits, 1);
+      assert_int_equal(tu_snapshot(a).pool_hits, 1);
     }
     /* Expected drain: largest size first, the latest freed first within a size. */
     CUdeviceptr want_base[8];
@@ -287,7 +281,7 @@ static void finish_drains_pool_shapes(void **state) {
       want_handle[want] = handle_of(a, p[best]);
       want++;
     }
-    assert_int_equal(snap(a).retained_reusable_handles, want);
+    assert_int_equal(tu_snapshot(a).retained_reusable_handles, want);
 
     size_t from = fake_call_count();
     assert_int_equal(vmm_retention_finish(a), VMM_OK);
@@ -304,7 +298,7 @@ static void finish_drains_pool_shapes(void **state) {
     assert_int_equal(l.live_handles, taken ? 1 : 0);
     assert_int_equal(l.live_mappings, taken ? 1 : 0);
     assert_int_equal(l.errors, 0);
-    vmm_snapshot s = snap(a);
+    vmm_snapshot s = tu_snapshot(a);
     assert_int_equal(s.retained_reusable_handles, 0);
     assert_int_equal(s.kind[VMM_KIND_TRANSIENT].retained_count, 0);
     assert_int_equal(s.physical_bytes, taken ? shape->take : 0);
@@ -394,7 +388,7 @@ static void finish_second_unmap_fails_then_resumes(void **state) {
   assert_int_equal(fake_mapped_size_at(dp(y)), 0);
   assert_int_equal(fake_mapped_size_at(dp(x2)), 2 * MiB);
   assert_int_equal(fake_mapped_size_at(dp(x1)), 2 * MiB);
-  assert_int_equal(snap(a).scope_state, VMM_SCOPE_ACTIVE);
+  assert_int_equal(tu_snapshot(a).scope_state, VMM_SCOPE_ACTIVE);
 
   size_t from = fake_call_count();
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
@@ -415,14 +409,14 @@ static void finish_first_unmap_fails_state_unchanged(void **state) {
   void *y, *x2, *x1;
   vmm_arena *a = two_bucket_pool(&y, &x2, &x1);
   arena_view before = view(a);
-  vmm_snapshot s0 = snap(a);
+  vmm_snapshot s0 = tu_snapshot(a);
   fake_fail_nth(VMM_DRV_mem_unmap, 1, CUDA_ERROR_UNKNOWN, 0);
   assert_int_equal(vmm_retention_finish(a), VMM_ERR_DRIVER);
   fake_clear_faults();
   tu_check(a);
   arena_view after = view(a);
   assert_views_equal(&before, &after);
-  vmm_snapshot s1 = snap(a);
+  vmm_snapshot s1 = tu_snapshot(a);
   assert_memory_equal(s0.kind, s1.kind, sizeof s0.kind);
   assert_int_equal(s1.physical_bytes, s0.physical_bytes);
   assert_int_equal(s1.mapped_bytes, s0.mapped_bytes);
@@ -459,7 +453,7 @@ static void abort_makes_no_driver_call(void **state) {
   assert_non_null(strstr(vmm_arena_last_error(a), "abandoned"));
   assert_int_equal(fake_call_count(), calls);
 
-  vmm_snapshot s = snap(a);
+  vmm_snapshot s = tu_snapshot(a);
   const vmm_kind_stats *t = &s.kind[VMM_KIND_TRANSIENT], *p = &s.kind[VMM_KIND_PACKAGE];
   assert_int_equal(t->abandoned_count, 3);
   assert_int_equal(t->abandoned_bytes, 18 * MiB);
@@ -491,7 +485,7 @@ static void package_free_in_scope_defers_release(void **state) {
   assert_int_equal(fake_call_at(sync)->a0, (uintptr_t)S2);
   assert_int_equal(fake_call_at(unmap)->a0, dp(p));
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_release), 0);
-  vmm_snapshot s = snap(a);
+  vmm_snapshot s = tu_snapshot(a);
   assert_int_equal(s.kind[VMM_KIND_PACKAGE].retained_count, 1);
   assert_int_equal(s.kind[VMM_KIND_PACKAGE].retained_bytes, 6 * MiB);
   assert_int_equal(s.kind[VMM_KIND_PACKAGE].live_count, 0);
@@ -503,7 +497,7 @@ static void package_free_in_scope_defers_release(void **state) {
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_release), 1);
   assert_int_equal(ledger().live_handles, 0);
-  assert_int_equal(snap(a).kind[VMM_KIND_PACKAGE].retained_count, 0);
+  assert_int_equal(tu_snapshot(a).kind[VMM_KIND_PACKAGE].retained_count, 0);
   tu_destroy(a);
 }
 
@@ -517,7 +511,7 @@ static void package_alloc_never_takes_from_pool(void **state) {
   void *p = tu_alloc(a, 4 * MiB, VMM_KIND_PACKAGE, S1);
   assert_ptr_not_equal(p, t);
   assert_int_equal(ledger().calls_by_entry[VMM_DRV_mem_create], creates + 1);
-  vmm_snapshot s = snap(a);
+  vmm_snapshot s = tu_snapshot(a);
   assert_int_equal(s.retained_reusable_handles, 1);
   assert_int_equal(s.pool_hits + s.pool_fallbacks, 0);
   assert_int_equal(s.pool_misses, 1); /* the transient's own first allocation only */
@@ -527,7 +521,7 @@ static void package_alloc_never_takes_from_pool(void **state) {
   void *q = NULL;
   assert_int_equal(vmm_arena_alloc(a, 2 * MiB, VMM_KIND_PACKAGE, S1, &q), VMM_ERR_OUT_OF_MEMORY);
   assert_null(q);
-  s = snap(a);
+  s = tu_snapshot(a);
   assert_int_equal(s.retained_reusable_handles, 1);
   assert_int_equal(s.pool_fallbacks + s.stitches, 0);
   assert_int_equal(s.fatal_status, VMM_OK);
@@ -550,7 +544,7 @@ static void live_mappings_survive_finish(void **state) {
   assert_int_equal(fake_mapped_size_at(dp(t)), 4 * MiB);
   assert_int_equal(fake_mapped_size_at(dp(p)), 2 * MiB);
   assert_int_equal(fake_mapped_size_at(dp(idle)), 0);
-  vmm_snapshot s = snap(a);
+  vmm_snapshot s = tu_snapshot(a);
   assert_int_equal(s.kind[VMM_KIND_TRANSIENT].live_count, 1);
   assert_int_equal(s.kind[VMM_KIND_PACKAGE].live_count, 1);
   assert_int_equal(s.physical_bytes, 6 * MiB);
@@ -558,7 +552,7 @@ static void live_mappings_survive_finish(void **state) {
   free_ok(a, t, S1); /* outside any scope: synchronized, unmapped and released at once */
   assert_int_equal(calls_with(from, VMM_DRV_mem_unmap, dp(t)), 1);
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_release), 1);
-  assert_int_equal(snap(a).retained_reusable_handles, 0);
+  assert_int_equal(tu_snapshot(a).retained_reusable_handles, 0);
   free_ok(a, p, S1);
   assert_int_equal(ledger().live_handles, 0);
   tu_destroy(a);
@@ -571,23 +565,23 @@ static void retention_off_is_bookkeeping(void **state) {
   vmm_config cfg = tu_config();
   cfg.retain = VMM_RETAIN_OFF;
   vmm_arena *a = tu_arena(NULL, &cfg);
-  assert_int_equal(snap(a).retention_enabled, 0);
+  assert_int_equal(tu_snapshot(a).retention_enabled, 0);
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
-  assert_int_equal(snap(a).scope_state, VMM_SCOPE_ACTIVE);
+  assert_int_equal(tu_snapshot(a).scope_state, VMM_SCOPE_ACTIVE);
   void *t = transient(a, 4 * MiB);
   void *p = tu_alloc(a, 4 * MiB, VMM_KIND_PACKAGE, S1);
   size_t from = fake_call_count();
   free_ok(a, t, S1);
   free_ok(a, p, S1);
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_release), 2);
-  vmm_snapshot s = snap(a);
+  vmm_snapshot s = tu_snapshot(a);
   assert_int_equal(s.retained_reusable_handles, 0);
   assert_int_equal(s.kind[VMM_KIND_PACKAGE].retained_count, 0);
   assert_int_equal(s.physical_bytes, 0);
   size_t creates = ledger().calls_by_entry[VMM_DRV_mem_create];
   free_ok(a, transient(a, 4 * MiB), S1);
   assert_int_equal(ledger().calls_by_entry[VMM_DRV_mem_create], creates + 1);
-  assert_int_equal(snap(a).pool_hits, 0);
+  assert_int_equal(tu_snapshot(a).pool_hits, 0);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   assert_int_equal(vmm_retention_abort(a), VMM_OK);
@@ -601,12 +595,12 @@ static void retention_auto_follows_integrated(void **state) {
     vmm_config cfg = tu_config();
     cfg.retain = VMM_RETAIN_AUTO;
     vmm_arena *a = tu_arena(&o, &cfg);
-    vmm_snapshot s = snap(a);
+    vmm_snapshot s = tu_snapshot(a);
     assert_int_equal(s.integrated, integrated);
     assert_int_equal(s.retention_enabled, integrated);
     assert_int_equal(vmm_retention_begin(a), VMM_OK);
     free_ok(a, transient(a, 2 * MiB), S1);
-    assert_int_equal(snap(a).retained_reusable_handles, (uint64_t)integrated);
+    assert_int_equal(tu_snapshot(a).retained_reusable_handles, (uint64_t)integrated);
     assert_int_equal(vmm_retention_finish(a), VMM_OK);
     tu_destroy(a);
   }
@@ -624,7 +618,7 @@ static void oom_falls_back_to_larger_pooled(void **state) {
   void *p = tu_alloc(a, 8 * MiB, VMM_KIND_PACKAGE, S1);
   void *t4 = transient(a, 4 * MiB);
   assert_ptr_equal(t4, t8);
-  vmm_snapshot s = snap(a);
+  vmm_snapshot s = tu_snapshot(a);
   assert_int_equal(s.pool_fallbacks, 1);
   assert_int_equal(s.pool_misses, 2); /* t8's own allocation, then the 4 MiB request */
   assert_int_equal(s.pool_hits, 0);
@@ -632,7 +626,7 @@ static void oom_falls_back_to_larger_pooled(void **state) {
   assert_int_equal(s.kind[VMM_KIND_TRANSIENT].live_bytes, 8 * MiB);
   assert_int_equal(s.fatal_status, VMM_OK);
   free_ok(a, t4, S1);
-  assert_int_equal(snap(a).retained_reusable_bytes, 8 * MiB);
+  assert_int_equal(tu_snapshot(a).retained_reusable_bytes, 8 * MiB);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   free_ok(a, p, S1);
   tu_destroy(a);
@@ -649,7 +643,7 @@ static void oom_stitches_three_idle_mappings(void **state) {
   free_ok(a, t4, S1);
   free_ok(a, t6, S1);
   void *s12 = transient(a, 12 * MiB);
-  vmm_snapshot s = snap(a);
+  vmm_snapshot s = tu_snapshot(a);
   assert_int_equal(s.stitches, 1);
   assert_int_equal(s.pool_fallbacks, 0);
   assert_int_equal(s.retained_reusable_handles, 0);
@@ -678,7 +672,7 @@ static void oom_stitches_three_idle_mappings(void **state) {
   assert_non_null(strstr(json, "\"handles\":3"));
 
   free_ok(a, s12, S1); /* pools one mapping of the full extent */
-  s = snap(a);
+  s = tu_snapshot(a);
   assert_int_equal(s.kind[VMM_KIND_TRANSIENT].pooled_count, 1);
   assert_int_equal(s.kind[VMM_KIND_TRANSIENT].pooled_bytes, 12 * MiB);
   assert_int_equal(s.retained_reusable_bytes, 12 * MiB);
@@ -714,7 +708,7 @@ static void oom_with_nothing_fitting_is_recoverable(void **state) {
   assert_non_null(strstr(msg, "requested 8388608 B"));
   assert_non_null(strstr(msg, "limit 8.0 MiB"));
   assert_int_equal(vmm_arena_fatal_error(a, NULL), VMM_OK);
-  vmm_snapshot s = snap(a);
+  vmm_snapshot s = tu_snapshot(a);
   assert_int_equal(s.limit_refusals, 1);
   assert_int_equal(s.pool_fallbacks + s.stitches, 0);
   assert_int_equal(s.retained_reusable_handles, 1);
@@ -749,7 +743,7 @@ static void stitch_failure_restores_pool(void **state) {
     free_ok(a, t4, S1);
     free_ok(a, t6, S1);
     arena_view before = view(a);
-    vmm_snapshot s0 = snap(a);
+    vmm_snapshot s0 = tu_snapshot(a);
     fake_fail_nth(faults[f].entry, faults[f].nth, CUDA_ERROR_UNKNOWN, 0);
     void *q = (void *)1;
     assert_int_equal(vmm_arena_alloc(a, 14 * MiB, VMM_KIND_TRANSIENT, S1, &q), VMM_ERR_DRIVER);
@@ -762,7 +756,7 @@ static void stitch_failure_restores_pool(void **state) {
     tu_check(a);
     arena_view after = view(a);
     assert_views_equal(&before, &after);
-    vmm_snapshot s1 = snap(a);
+    vmm_snapshot s1 = tu_snapshot(a);
     assert_memory_equal(s0.kind, s1.kind, sizeof s0.kind);
     assert_int_equal(s1.mapped_bytes, 14 * MiB);
     assert_int_equal(s1.stitches, 0);
@@ -816,7 +810,7 @@ static void hit_on_same_stream_makes_no_driver_call(void **state) {
     free_ok(a, p, S1);
   }
   assert_int_equal(fake_call_count(), calls);
-  assert_int_equal(snap(a).pool_hits, 3);
+  assert_int_equal(tu_snapshot(a).pool_hits, 3);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   tu_destroy(a);
 }
@@ -838,8 +832,8 @@ static void capturing_stream_reuses_only_its_own(void **state) {
   assert_int_equal(fake_calls_since(from, VMM_DRV_ctx_synchronize), 0);
   assert_int_equal(fake_calls_since(from, VMM_DRV_event_record), 0);
   assert_int_equal(fake_calls_since(from, VMM_DRV_stream_wait_event), 0);
-  assert_int_equal(snap(a).pool_misses, 2); /* p's own allocation, then q */
-  assert_int_equal(snap(a).retained_reusable_handles, 1);
+  assert_int_equal(tu_snapshot(a).pool_misses, 2); /* p's own allocation, then q */
+  assert_int_equal(tu_snapshot(a).retained_reusable_handles, 1);
 
   /* A free and a take on the capturing stream itself: reuse, no driver call. */
   size_t calls = fake_call_count();
@@ -925,7 +919,7 @@ static void finish_refused_while_freeing_stream_captures(void **state) {
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_release), 0);
   arena_view after = view(a);
   assert_views_equal(&before, &after);
-  assert_int_equal(snap(a).scope_state, VMM_SCOPE_ACTIVE);
+  assert_int_equal(tu_snapshot(a).scope_state, VMM_SCOPE_ACTIVE);
   assert_int_equal(vmm_arena_fatal_error(a, NULL), VMM_OK);
   assert_int_equal(ledger().errors, 0);
   fake_set_capturing(S2, 0);
@@ -947,7 +941,7 @@ static void stitching_waits_for_freeing_streams(void **state) {
   free_ok(a, t6, S1);
   size_t from = fake_call_count();
   void *s12 = tu_alloc(a, 12 * MiB, VMM_KIND_TRANSIENT, S1);
-  assert_int_equal(snap(a).stitches, 1);
+  assert_int_equal(tu_snapshot(a).stitches, 1);
   assert_int_equal(calls_with(from, VMM_DRV_stream_synchronize, (uintptr_t)S1), 1);
   assert_int_equal(calls_with(from, VMM_DRV_stream_synchronize, (uintptr_t)S2), 1);
   size_t unmap = first_call(from, VMM_DRV_mem_unmap);
@@ -967,9 +961,9 @@ static void stitching_waits_for_freeing_streams(void **state) {
   free_ok(a, t6, S1);
   fake_set_capturing(S2, 1);
   void *s10 = tu_alloc(a, 10 * MiB, VMM_KIND_TRANSIENT, S1); /* t6 + t4, not t2 */
-  assert_int_equal(snap(a).stitches, 1);
+  assert_int_equal(tu_snapshot(a).stitches, 1);
   assert_int_equal(fake_mapped_size_at(dp(t2)), 2 * MiB);
-  assert_int_equal(snap(a).retained_reusable_handles, 1);
+  assert_int_equal(tu_snapshot(a).retained_reusable_handles, 1);
   void *q = (void *)1; /* 12 MiB would need t2 */
   free_ok(a, s10, S1);
   assert_int_equal(vmm_arena_alloc(a, 12 * MiB, VMM_KIND_TRANSIENT, S1, &q), VMM_ERR_OUT_OF_MEMORY);

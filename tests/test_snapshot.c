@@ -81,12 +81,6 @@ static void assert_string_at(const json_value *root, const char *path, const cha
   assert_string_equal(at(root, path, JSON_STRING)->text, expect);
 }
 
-static vmm_snapshot snap(vmm_arena *a) {
-  vmm_snapshot s;
-  assert_int_equal(vmm_arena_snapshot(a, &s), VMM_OK);
-  return s;
-}
-
 static const char *const kinds[] = {"package", "transient"};
 
 /* Every figure of the struct appears in the document with the same value, and the document's
@@ -206,7 +200,7 @@ static void assert_doc_matches(const json_value *d, const vmm_snapshot *s, vmm_a
 
 /* Snapshot, parse, compare; returns the document for more checks. */
 static json_value *checked_doc(vmm_arena *a) {
-  vmm_snapshot s = snap(a);
+  vmm_snapshot s = tu_snapshot(a);
   json_value *d = snapshot_doc(a);
   assert_doc_matches(d, &s, a);
   return d;

@@ -45,3 +45,9 @@ void *tu_alloc(vmm_arena *a, size_t bytes, vmm_kind kind, CUstream s) {
   assert_non_null(p);
   return p;
 }
+
+vmm_snapshot tu_snapshot(vmm_arena *a) {
+  vmm_snapshot s;
+  assert_int_equal(vmm_arena_snapshot(a, &s), VMM_OK);
+  return s;
+}

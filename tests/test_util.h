@@ -24,6 +24,8 @@ vmm_config tu_config(void);
 void tu_check(vmm_arena *a);
 /* Checks, destroys the arena and asserts the fake's ledger is clean. */
 void tu_destroy(vmm_arena *a);
+/* The arena's snapshot; asserts it is taken. */
+vmm_snapshot tu_snapshot(vmm_arena *a);
 /* Asserts that an allocation succeeds and returns its pointer. */
 void *tu_alloc(vmm_arena *a, size_t bytes, vmm_kind kind, CUstream s);
 /* A stream value for the fake. */
