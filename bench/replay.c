@@ -3,7 +3,7 @@
  * point, pool hit rate, allocations refused for want of memory, and the replay's wall time.
  *
  *   vmmarena-replay [--driver fake|cuda] [--capacity SIZE] [--granularity SIZE]
- *                   [--csv OUT.csv] [--plot OUT.png] [TRACE]
+ *                   [--handle-bound SIZE] [--csv OUT.csv] [--plot OUT.png] [TRACE]
  *
  * TRACE is a trace file, plain or gzip (decompressed by `gzip -dc`); without it the trace
  * compiled into the binary is replayed. Only operations the trace records as successful are
@@ -42,16 +42,18 @@ typedef struct options {
   driver_kind driver;
   size_t capacity;    /* 0 = unbounded (fake) or no limit (cuda) */
   size_t granularity; /* fake only; 0 = the fake's default */
+  size_t handle_bound; /* 0 = the arena's choice */
   const char *csv, *plot, *trace;
 } options;
 
 static void usage(FILE *f) {
-  fputs("usage: vmmarena-replay [--driver fake|cuda] [--capacity SIZE] [--granularity SIZE]\n"
+  fputs("usage: vmmarena-replay [--driver fake|cuda] [--capacity SIZE] [--granularity SIZE] [--handle-bound SIZE]\n"
         "                       [--csv OUT.csv] [--plot OUT.png] [TRACE]\n"
         "  TRACE          trace file (plain or gzip); default: the trace built into this binary\n"
         "  --driver       fake (default: simulated driver, no GPU needed) or cuda (device 0)\n"
         "  --capacity     physical memory of the fake device, or the arena limit with cuda (e.g. 96G)\n"
         "  --granularity  allocation granularity of the fake device (default 2M)\n"
+        "  --handle-bound largest handle created inside a scope (default: the arena's choice)\n"
         "  --csv          one row per policy\n"
         "  --plot         physical bytes over the operations, per policy (needs python3-matplotlib)\n",
         f);
@@ -93,6 +95,8 @@ static int parse_options(int argc, char **argv, options *o) {
         fprintf(stderr, "vmmarena-replay: --driver %s: expected fake or cuda\n", value);
         return -1;
       }
+    } else if (!strcmp(arg, "--handle-bound")) {
+      if (parse_size_option(arg, value, &o->handle_bound)) return -1;
     } else if (!strcmp(arg, "--capacity")) {
       if (parse_size_option(arg, value, &o->capacity)) return -1;
       if (o->capacity == 0) {
@@ -478,17 +482,14 @@ typedef struct policy {
   vmm_retain_mode retain;
   vmm_reuse_policy reuse;
   double bound;
-  int stitch;
 } policy;
 
 static const policy policies[] = {
-    {"no-retention", VMM_RETAIN_OFF, VMM_REUSE_EXACT, 1.0, 1},  /* frees release at once */
-    {"retain-no-reuse", VMM_RETAIN_ON, VMM_REUSE_NONE, 1.0, 0}, /* the seeds' failing behaviour */
-    {"exact", VMM_RETAIN_ON, VMM_REUSE_EXACT, 1.0, 1},
-    {"bounded:2", VMM_RETAIN_ON, VMM_REUSE_BOUNDED, 2.0, 1},
-    {"best-fit", VMM_RETAIN_ON, VMM_REUSE_BEST_FIT, 1.0, 0},
-    {"best-fit+stitch", VMM_RETAIN_ON, VMM_REUSE_BEST_FIT, 1.0, VMM_STITCH_ON},
-    {"best-fit+eager", VMM_RETAIN_ON, VMM_REUSE_BEST_FIT, 1.0, VMM_STITCH_EAGER}, /* stitch before creating */
+    {"no-retention", VMM_RETAIN_OFF, VMM_REUSE_EXACT, 1.0},  /* frees release at once: the physical limit */
+    {"retain-no-reuse", VMM_RETAIN_ON, VMM_REUSE_NONE, 1.0}, /* the seeds' failing behaviour */
+    {"exact", VMM_RETAIN_ON, VMM_REUSE_EXACT, 1.0},          /* the default */
+    {"bounded:2", VMM_RETAIN_ON, VMM_REUSE_BOUNDED, 2.0},
+    {"best-fit", VMM_RETAIN_ON, VMM_REUSE_BEST_FIT, 1.0},
 };
 #define POLICY_COUNT (sizeof policies / sizeof policies[0])
 
@@ -519,7 +520,7 @@ static int replay(const options *o, const policy *p, const trace *t, const repla
   cfg.retain = p->retain;
   cfg.reuse = p->reuse;
   cfg.reuse_bound = p->bound;
-  cfg.stitch = p->stitch;
+  cfg.handle_bound_bytes = o->handle_bound;
   cfg.log_level = 0; /* refusals are counted, not logged */
   if (o->driver == DRIVER_FAKE) {
     fake_options fo = {.capacity = o->capacity ? o->capacity : UNBOUNDED_CAPACITY,
@@ -608,18 +609,21 @@ static const char *hit_rate(const result *r, char buf[32]) {
 }
 
 static void print_table(const result *res) {
-  printf("%-16s %13s %12s %11s %9s %10s %12s %12s %8s %6s %7s %9s\n", "policy", "peak physical", "peak VA",
-         "cuMemCreate", "cuMemMap", "cuMemUnmap", "cuMemRelease", "driver calls", "hit rate", "OOM", "rescued",
-         "time ms");
+  printf("%-16s %13s %8s %12s %11s %9s %10s %12s %12s %8s %9s %6s %7s %9s\n", "policy", "peak physical",
+         "x limit", "peak VA", "cuMemCreate", "cuMemMap", "cuMemUnmap", "cuMemRelease", "driver calls", "hit rate",
+         "assembled", "OOM", "rescued", "time ms");
   for (size_t i = 0; i < POLICY_COUNT; i++) {
     const result *r = &res[i];
     char b[3][32];
-    printf("%-16s %13s %12s %11llu %9llu %10llu %12llu %12llu %8s %6zu %7llu %9.1f%s\n", policies[i].name,
-           human(r->snap.physical_peak_bytes, b[0]), human(r->snap.reserved_va_bytes, b[1]),
+    char ratio[32] = "-";
+    if (res[0].snap.physical_peak_bytes)
+      snprintf(ratio, sizeof ratio, "%.3fx", (double)r->snap.physical_peak_bytes / (double)res[0].snap.physical_peak_bytes);
+    printf("%-16s %13s %8s %12s %11llu %9llu %10llu %12llu %12llu %8s %9llu %6zu %7llu %9.1f%s\n", policies[i].name,
+           human(r->snap.physical_peak_bytes, b[0]), ratio, human(r->snap.reserved_va_bytes, b[1]),
            (unsigned long long)calls_of(r, VMM_DRV_mem_create), (unsigned long long)calls_of(r, VMM_DRV_mem_map),
            (unsigned long long)calls_of(r, VMM_DRV_mem_unmap), (unsigned long long)calls_of(r, VMM_DRV_mem_release),
-           (unsigned long long)r->driver_calls, hit_rate(r, b[2]), r->oom,
-           (unsigned long long)(r->snap.pool_fallbacks + r->snap.stitches), r->ms, r->failed ? "  FAILED" : "");
+           (unsigned long long)r->driver_calls, hit_rate(r, b[2]), (unsigned long long)r->snap.assemblies, r->oom,
+           (unsigned long long)(r->snap.pool_fallbacks + r->snap.padded_assemblies), r->ms, r->failed ? "  FAILED" : "");
   }
 }
 
@@ -641,7 +645,8 @@ static int write_csv(const char *path, const result *res) {
     return -1;
   }
   fputs("policy,peak_physical_bytes,peak_reserved_va_bytes,peak_mapped_bytes,cuMemCreate,cuMemMap,cuMemUnmap,"
-        "cuMemRelease,driver_calls,pool_hits,pool_misses,pool_hit_rate,oom,skipped_frees,fallbacks,stitches,time_ms,"
+        "cuMemRelease,driver_calls,pool_hits,pool_misses,pool_hit_rate,oom,skipped_frees,fallbacks,assemblies,"
+        "padded_assemblies,pooled_taken_apart,handle_bound_bytes,time_ms,"
         "status\n",
         f);
   for (size_t i = 0; i < POLICY_COUNT; i++) {
@@ -649,13 +654,16 @@ static int write_csv(const char *path, const result *res) {
     uint64_t tries = r->snap.pool_hits + r->snap.pool_misses;
     char rate[32] = "";
     if (tries) snprintf(rate, sizeof rate, "%.4f", (double)r->snap.pool_hits / (double)tries);
-    fprintf(f, "%s,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%s,%zu,%zu,%llu,%llu,%.3f,%s\n", policies[i].name,
+    fprintf(f, "%s,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%s,%zu,%zu,%llu,%llu,%llu,%llu,%llu,%.3f,%s\n",
+            policies[i].name,
             (unsigned long long)r->snap.physical_peak_bytes, (unsigned long long)r->snap.reserved_va_bytes,
             (unsigned long long)r->snap.mapped_peak_bytes, (unsigned long long)calls_of(r, VMM_DRV_mem_create),
             (unsigned long long)calls_of(r, VMM_DRV_mem_map), (unsigned long long)calls_of(r, VMM_DRV_mem_unmap),
             (unsigned long long)calls_of(r, VMM_DRV_mem_release), (unsigned long long)r->driver_calls,
             (unsigned long long)r->snap.pool_hits, (unsigned long long)r->snap.pool_misses, rate, r->oom,
-            r->skipped_frees, (unsigned long long)r->snap.pool_fallbacks, (unsigned long long)r->snap.stitches, r->ms,
+            r->skipped_frees, (unsigned long long)r->snap.pool_fallbacks, (unsigned long long)r->snap.assemblies,
+            (unsigned long long)r->snap.padded_assemblies, (unsigned long long)r->snap.pooled_taken_apart,
+            (unsigned long long)r->snap.handle_bound_bytes, r->ms,
             r->failed ? "failed" : "ok");
   }
   int rc = fclose(f) == 0 ? 0 : -1;
@@ -725,9 +733,10 @@ static void print_summary(const options *o, const result *res) {
     printf("driver: cuda, device 0, limit %s, granularity %s\n\n", o->capacity ? human(o->capacity, b[0]) : "none",
            human(res[0].snap.granularity, b[1]));
   print_table(res);
-  printf("\npeak VA: reserved address space; OOM: allocations refused for want of memory, skipped with their frees;\n"
-         "rescued: OOMs served by a larger pooled mapping or by stitching (for best-fit+eager, also misses stitched\n"
-         "before new memory was created); exact and bounded:2 keep both on.\n");
+  printf("\nx limit: peak physical over the no-retention peak (the physical limit); peak VA: reserved address\n"
+         "space; assembled: allocations mapped from idle handles (new memory only for the rest); OOM: allocations\n"
+         "refused for want of memory, skipped with their frees; rescued: refusals served by a larger pooled mapping\n"
+         "or a padded assembly. Handle bound inside a scope: %s.\n", human(res[2].snap.handle_bound_bytes, b[0]));
   int best = lowest_peak(res, 0), best_retaining = lowest_peak(res, 1);
   if (best < 0) {
     printf("every policy ran out of memory at this capacity\n");

@@ -64,22 +64,17 @@ typedef enum vmm_retain_mode {
   VMM_RETAIN_OFF /* a scope is bookkeeping only: frees release at once */
 } vmm_retain_mode;
 
-typedef enum vmm_stitch_mode {
-  VMM_STITCH_OFF,  /* "off": never stitch */
-  VMM_STITCH_ON,   /* "on": stitch idle pooled handles when new memory is refused */
-  VMM_STITCH_EAGER /* "eager": also stitch before creating new memory inside a scope */
-} vmm_stitch_mode;
-
 #define VMM_MAX_DEVICES 64
 
 typedef struct vmm_config {
   int device;                      /* CUDA device ordinal */
   vmm_reuse_policy reuse;          /* VMMARENA_REUSE */
   double reuse_bound;              /* F of bounded:F, >= 1 */
-  int stitch;                      /* VMMARENA_STITCH: a vmm_stitch_mode (default VMM_STITCH_ON) */
   size_t reserve_bytes;            /* VMMARENA_RESERVE: size of each VA reservation */
   size_t headroom_bytes;           /* VMMARENA_HEADROOM: memory that must stay free */
   size_t limit_bytes;              /* VMMARENA_LIMIT: most physical bytes the arena may hold; 0 = none */
+  size_t handle_bound_bytes;       /* VMMARENA_HANDLE_BOUND: largest handle created inside a scope; 0 = the arena's choice */
+  int package_assembly;            /* VMMARENA_PACKAGE_ASSEMBLY: package allocations in a scope reuse idle handles (1) */
   vmm_retain_mode retain;          /* VMMARENA_RETAIN on|off|auto */
   uint64_t peer_access_mask;       /* VMMARENA_PEER_ACCESS: bit d grants device d access to mappings */
   const char *trace_path;          /* VMMARENA_TRACE: operation trace file, NULL = off */
@@ -89,8 +84,9 @@ typedef struct vmm_config {
 
 /* Parses "8G", "512M", "1.5G", "4096", "1T", "64K" (binary units, optional trailing 'B'/'iB'). */
 VMM_API vmm_status vmm_parse_size(const char *text, size_t *bytes);
-/* Defaults: device 0, exact reuse, stitching on, 256 GiB reservations, no headroom, no limit,
- * retention auto, no peers, no trace, errors logged, CUDA driver. */
+/* Defaults: device 0, exact reuse, 256 GiB reservations, no headroom, no limit, the arena's
+ * handle bound, package assembly on, retention auto, no peers, no trace, errors logged, CUDA
+ * driver. */
 VMM_API void vmm_config_init(vmm_config *cfg);
 /* Reads every VMMARENA_* variable that is set over cfg. On a bad value returns
  * VMM_ERR_INVALID_ARGUMENT, leaves cfg unchanged and keeps a message naming the variable and
@@ -150,8 +146,8 @@ VMM_API const char *vmm_tag_current(void);
 
 typedef struct vmm_kind_stats {
   uint64_t live_count, live_bytes;           /* allocations handed out and not freed */
-  uint64_t pooled_count, pooled_bytes;       /* idle mappings in the pool (transient only) */
-  uint64_t retained_count, retained_bytes;   /* handles unmapped, release deferred to finish */
+  uint64_t pooled_count, pooled_bytes;       /* idle mappings in the pool, still mapped (transient) */
+  uint64_t retained_count, retained_bytes;   /* idle handles unmapped: reusable, released at finish */
   uint64_t abandoned_count, abandoned_bytes; /* held by an aborted scope until destroy */
 } vmm_kind_stats;
 
@@ -175,10 +171,16 @@ typedef struct vmm_snapshot {
   uint64_t physical_bytes, physical_peak_bytes; /* bytes of handles the arena holds */
   uint64_t mapped_bytes, mapped_peak_bytes;     /* bytes mapped into VA */
   uint64_t reserved_va_bytes, reservations;
-  uint64_t retained_reusable_handles;           /* = pooled handles */
-  uint64_t retained_reusable_bytes;             /* = pooled bytes */
+  uint64_t retained_reusable_handles;           /* idle handles, mapped (pooled) and unmapped */
+  uint64_t retained_reusable_bytes;             /* their bytes */
   uint64_t pool_buckets;
-  uint64_t pool_hits, pool_misses, pool_fallbacks, stitches;
+  uint64_t pool_hits, pool_misses, pool_fallbacks;
+  uint64_t handle_bound_bytes;                  /* largest handle created inside a scope */
+  uint64_t assemblies;                          /* allocations mapped from idle handles (+ new memory) */
+  uint64_t padded_assemblies;                   /* of those, fallbacks that used a larger handle */
+  uint64_t assembled_idle_handles;              /* idle handles mapped again by assemblies */
+  uint64_t assembly_created_bytes;              /* new memory created to top assemblies up */
+  uint64_t pooled_taken_apart;                  /* pooled mappings unmapped to serve assemblies */
   uint64_t oom_refusals, limit_refusals, headroom_refusals;
   uint64_t allocs, frees, deferred_frees;
   vmm_scope_state scope_state;

@@ -17,7 +17,6 @@ int vmm_arena_check(vmm_arena *a, char *why, size_t cap) {
   memset(k, 0, sizeof k);
   uint64_t mapped = 0, physical = 0;
   if (vmm_ranges_check(&a->ranges, tmp, sizeof tmp)) goto out;
-  if (vmm_pool_check(&a->pool, tmp, sizeof tmp)) goto out;
   size_t n = 0;
   vmm_mapping *m;
   vmm_table_foreach(&a->table, i, m) {
@@ -41,9 +40,10 @@ int vmm_arena_check(vmm_arena *a, char *why, size_t cap) {
       }
     }
     size_t sum = 0;
-    for (uint32_t p = 0; p < m->piece_count; p++) sum += m->pieces[p].size;
-    if (sum != m->extent) {
-      snprintf(tmp, sizeof tmp, "mapping 0x%llx pieces sum %zu != extent %zu", (unsigned long long)m->base, sum, m->extent);
+    for (uint32_t p = 0; p < m->handle_count; p++) sum += m->handles[p]->size;
+    if (m->handle_count == 0 || sum != m->extent) {
+      snprintf(tmp, sizeof tmp, "mapping 0x%llx handles (%u) sum %zu != extent %zu", (unsigned long long)m->base,
+               m->handle_count, sum, m->extent);
       goto out;
     }
     mapped += m->extent;
@@ -59,16 +59,7 @@ int vmm_arena_check(vmm_arena *a, char *why, size_t cap) {
     snprintf(tmp, sizeof tmp, "mapping table counts %zu, holds %zu", a->table.count, n);
     goto out;
   }
-  for (size_t i = 0; i < a->retained.count; i++) {
-    k[a->retained.kinds[i]].retained_count++;
-    k[a->retained.kinds[i]].retained_bytes += a->retained.items[i].size;
-    physical += a->retained.items[i].size;
-  }
-  for (size_t i = 0; i < a->abandoned.count; i++) {
-    k[a->abandoned.kinds[i]].abandoned_count++;
-    k[a->abandoned.kinds[i]].abandoned_bytes += a->abandoned.items[i].size;
-    physical += a->abandoned.items[i].size;
-  }
+  if (vmm_store_check(a, k, &physical, tmp, sizeof tmp)) goto out;
   if (memcmp(k, a->kind, sizeof k)) {
     snprintf(tmp, sizeof tmp, "per-kind counters differ from a recount (transient live %llu vs %llu, pooled %llu vs %llu)",
              (unsigned long long)a->kind[1].live_count, (unsigned long long)k[1].live_count,

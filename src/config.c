@@ -77,7 +77,7 @@ void vmm_config_init(vmm_config *cfg) {
   cfg->device = 0;
   cfg->reuse = VMM_REUSE_EXACT;
   cfg->reuse_bound = 1.0;
-  cfg->stitch = VMM_STITCH_ON;
+  cfg->package_assembly = 1;
   cfg->reserve_bytes = (size_t)256 << 30;
   cfg->retain = VMM_RETAIN_AUTO;
   cfg->log_level = 1;
@@ -96,7 +96,7 @@ const char *vmm_reuse_policy_name(vmm_reuse_policy p) {
 static vmm_status set_switch(const char *env, const char *value, int *out) {
   if (!strcasecmp(value, "on") || !strcmp(value, "1") || !strcasecmp(value, "true")) return *out = 1, VMM_OK;
   if (!strcasecmp(value, "off") || !strcmp(value, "0") || !strcasecmp(value, "false")) return *out = 0, VMM_OK;
-  return usage(env, value, env && !strcmp(env, "VMMARENA_STITCH") ? "expected on, off or eager" : "expected on or off");
+  return usage(env, value, "expected on or off");
 }
 
 static vmm_status set_size(const char *env, const char *value, size_t *out, int allow_zero) {
@@ -170,11 +170,12 @@ static const struct setting {
   const char *env, *short_name;
   int id;
 } settings[] = {
-    {"VMMARENA_REUSE", "reuse", 0},     {"VMMARENA_STITCH", "stitch", 1},
+    {"VMMARENA_REUSE", "reuse", 0},     {"VMMARENA_STITCH", "stitch", 1}, /* retired */
     {"VMMARENA_RESERVE", "reserve", 2}, {"VMMARENA_HEADROOM", "headroom", 3},
     {"VMMARENA_LIMIT", "limit", 4},     {"VMMARENA_RETAIN", "retain", 5},
     {"VMMARENA_PEER_ACCESS", "peer_access", 6}, {"VMMARENA_TRACE", "trace", 7},
-    {"VMMARENA_LOG", "log", 8},
+    {"VMMARENA_LOG", "log", 8},         {"VMMARENA_HANDLE_BOUND", "handle_bound", 9},
+    {"VMMARENA_PACKAGE_ASSEMBLY", "package_assembly", 10},
 };
 
 static vmm_status apply(const struct setting *s, const char *value, vmm_config *cfg) {
@@ -182,8 +183,9 @@ static vmm_status apply(const struct setting *s, const char *value, vmm_config *
   switch (s->id) {
   case 0: return set_reuse(s->env, value, cfg);
   case 1:
-    if (!strcasecmp(value, "eager")) return cfg->stitch = VMM_STITCH_EAGER, VMM_OK;
-    return set_switch(s->env, value, &cfg->stitch);
+    return usage(s->env, value,
+                 "retired: inside a scope idle handles are always assembled before new memory is created "
+                 "(docs/design.md, \"Allocation sources\"); unset it");
   case 2: return set_size(s->env, value, &cfg->reserve_bytes, 0);
   case 3: return set_size(s->env, value, &cfg->headroom_bytes, 1);
   case 4: return set_size(s->env, value, &cfg->limit_bytes, 1);
@@ -194,6 +196,10 @@ static vmm_status apply(const struct setting *s, const char *value, vmm_config *
     cfg->trace_path = value;
     return VMM_OK;
   case 8: return set_log(s->env, value, cfg);
+  case 9:
+    if (!strcasecmp(value, "auto")) return cfg->handle_bound_bytes = 0, VMM_OK;
+    return set_size(s->env, value, &cfg->handle_bound_bytes, 0);
+  case 10: return set_switch(s->env, value, &cfg->package_assembly);
   }
   return VMM_ERR_INVALID_ARGUMENT;
 }

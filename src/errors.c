@@ -98,3 +98,8 @@ void vmm_log(int level, int threshold, const char *fmt, ...) {
   va_end(ap);
   fputc('\n', stderr);
 }
+
+const char *vmm_kind_name(int kind) {
+  static const char *const names[] = {"package", "transient"};
+  return kind >= 0 && kind < VMM_KIND_COUNT ? names[kind] : "unknown kind";
+}

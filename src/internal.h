@@ -65,12 +65,18 @@ typedef struct vmm_ranges {
   size_t free_range_count;
 } vmm_ranges;
 
-/* ---- Mappings ------------------------------------------------------------------------ */
+/* ---- Handles and mappings (mapping.c) ------------------------------------------------ */
 
-typedef struct vmm_piece {
-  CUmemGenericAllocationHandle handle;
+/* One physical allocation (cuMemCreate), always mapped whole. Outside a mapping it sits in the
+ * idle store's unmapped tier (keyed by size) or on the abandoned list. */
+typedef struct vmm_handle {
+  vmm_avl node;                    /* (size, serial) while in the unmapped tier */
+  CUmemGenericAllocationHandle h;
   size_t size;
-} vmm_piece;
+  vmm_kind kind;                   /* the kind its bytes are counted under while idle */
+  bool taken;                      /* chosen by the assembly being planned */
+  struct vmm_handle *next;         /* abandoned list */
+} vmm_handle;
 
 typedef enum vmm_mapping_state {
   VMM_MAP_LIVE,      /* handed out */
@@ -84,7 +90,7 @@ struct vmm_bucket;
 
 typedef struct vmm_mapping {
   CUdeviceptr base;
-  size_t extent;          /* full mapped size (sum of pieces) */
+  size_t extent;          /* full mapped size (sum of handles) */
   size_t requested;       /* bytes of the current (or last) request */
   vmm_kind kind;
   vmm_mapping_state state;
@@ -93,13 +99,32 @@ typedef struct vmm_mapping {
   uint64_t scope_id;      /* scope it was allocated in (0 = outside any) */
   CUstream stream;        /* stream of the latest alloc or free */
   uint64_t free_epoch;    /* arena quiesce epoch at the latest free */
-  uint32_t piece_count;   /* > 1 for a stitched mapping */
-  vmm_piece *pieces;      /* &one, or a heap array for stitched mappings */
-  vmm_piece one;
+  uint32_t handle_count;  /* > 1 for an assembled mapping */
+  vmm_handle **handles;   /* in address order: &first, or a heap array */
+  vmm_handle *first;
   struct vmm_mapping *pool_next, *pool_prev; /* bucket list while POOLED; deferred list while DEFERRED */
   struct vmm_bucket *bucket;
-  bool stitch_chosen;     /* picked as a stitching candidate (only during stitch()) */
+  bool chosen;            /* picked by the assembly being planned (only during vmm_assemble) */
 } vmm_mapping;
+
+/* A record able to hold `handles` handle pointers (none attached yet), or NULL. */
+VMM_INTERNAL vmm_mapping *vmm_mapping_new(uint32_t handles);
+/* Frees the record, not its handles. */
+VMM_INTERNAL void vmm_mapping_free(vmm_mapping *m);
+VMM_INTERNAL vmm_handle *vmm_handle_new(CUmemGenericAllocationHandle h, size_t size, vmm_kind kind);
+/* Moves m to state s, keeping the per-kind counters. */
+VMM_INTERNAL void vmm_mapping_set_state(vmm_arena *a, vmm_mapping *m, vmm_mapping_state s);
+/* Unmaps m whole. Record before unmap: on failure nothing changes and the error is recorded. */
+VMM_INTERNAL vmm_status vmm_mapping_unmap(vmm_arena *a, vmm_mapping *m, const char *what);
+/* After the unmap: m leaves the counters, the table and its range; each handle still attached
+ * (non-NULL) is kept idle (retain) or released; the record is freed. */
+VMM_INTERNAL vmm_status vmm_mapping_dispose(vmm_arena *a, vmm_mapping *m, bool retain);
+/* The one retire: unmap, then dispose. *unmapped says whether the unmap happened. */
+VMM_INTERNAL vmm_status vmm_mapping_retire(vmm_arena *a, vmm_mapping *m, bool retain, const char *what, bool *unmapped);
+/* Releases h now; a failure keeps it idle (released by finish or destroy) and is recorded. */
+VMM_INTERNAL vmm_status vmm_handle_release(vmm_arena *a, vmm_handle *h);
+/* Unmaps and releases everything of m, logging failures (destroy only). */
+VMM_INTERNAL void vmm_mapping_destroy_record(vmm_arena *a, vmm_mapping *m);
 
 /* Open-addressing hash of mapping records by base address (mapping_table.c). */
 typedef struct vmm_mapping_table {
@@ -119,8 +144,10 @@ VMM_INTERNAL vmm_mapping *vmm_table_containing(const vmm_mapping_table *t, CUdev
 #define vmm_table_foreach(t, i, m) \
   for (size_t i = 0; i < (t)->cap; i++) if (((m) = (t)->slots[i]) != NULL)
 
-/* ---- Pool of live transient mappings (pool.c) ---------------------------------------- */
+/* ---- The idle-handle store (store.c) --------------------------------------------------- */
 
+/* Mapped tier: the pool of idle transient mappings, size buckets in an AVL tree keyed by
+ * extent, each a LIFO list. */
 typedef struct vmm_bucket {
   vmm_avl node;            /* (size, 0) */
   size_t size;
@@ -135,8 +162,19 @@ typedef struct vmm_bucket {
 typedef struct vmm_pool {
   vmm_avl *root;
   size_t buckets, count, bytes;
+  size_t handles;          /* handles of the pooled mappings */
   vmm_bucket *spare;
 } vmm_pool;
+
+/* Physical memory freed inside a scope: one store, indexed by size, in two tiers. */
+typedef struct vmm_store {
+  vmm_pool pool;           /* mapped tier: a hit hands a mapping back with no driver call */
+  vmm_avl *unmapped;       /* unmapped tier: idle handles keyed by (size, serial) */
+  size_t unmapped_count, unmapped_bytes;
+  uint64_t serial;
+  vmm_handle *abandoned;   /* handles of aborted scopes: no driver call until destroy */
+  size_t abandoned_count, abandoned_bytes;
+} vmm_store;
 
 /* Returns true if `m` may be handed to `stream`; may order `stream` after m's free. */
 typedef bool (*vmm_pool_usable_fn)(void *ctx, vmm_mapping *m);
@@ -147,17 +185,29 @@ VMM_INTERNAL void vmm_pool_remove(vmm_pool *p, vmm_mapping *m);
 VMM_INTERNAL vmm_mapping *vmm_pool_take(vmm_pool *p, size_t lo, size_t hi, vmm_pool_usable_fn usable, void *ctx);
 /* The drain order: head of the largest bucket. */
 VMM_INTERNAL vmm_mapping *vmm_pool_peek_drain(const vmm_pool *p);
+/* The bucket of the smallest size >= lo (upward) or <= lo (downward), or NULL. */
+VMM_INTERNAL vmm_bucket *vmm_pool_bucket_near(const vmm_pool *p, size_t lo, bool upward);
 VMM_INTERNAL void vmm_pool_fini(vmm_pool *p);
 /* Checks the pool's invariants; returns 0 if sound. */
 VMM_INTERNAL int vmm_pool_check(const vmm_pool *p, char *why, size_t cap);
 
-/* ---- Arena --------------------------------------------------------------------------- */
+/* Unmapped tier. put/take keep the arena's per-kind retained counters. */
+VMM_INTERNAL void vmm_idle_put(vmm_arena *a, vmm_handle *h);
+VMM_INTERNAL void vmm_idle_remove(vmm_arena *a, vmm_handle *h);
+/* The largest idle handle of at most `most` bytes (removed), or NULL. */
+VMM_INTERNAL vmm_handle *vmm_idle_take_at_most(vmm_arena *a, size_t most);
+/* The smallest idle handle of at least `least` bytes (removed), or NULL. */
+VMM_INTERNAL vmm_handle *vmm_idle_take_at_least(vmm_arena *a, size_t least);
+/* The largest idle handle (not removed), or NULL: the release order of finish. */
+VMM_INTERNAL vmm_handle *vmm_idle_largest(const vmm_arena *a);
+/* Moves every unmapped idle handle to the abandoned list (abort: no driver call). */
+VMM_INTERNAL void vmm_idle_abandon_all(vmm_arena *a);
+/* Releases idle and abandoned handles, logging failures (destroy only). */
+VMM_INTERNAL void vmm_store_destroy(vmm_arena *a);
+/* Checks both tiers and the abandoned list; adds their bytes to the recount. */
+VMM_INTERNAL int vmm_store_check(const vmm_arena *a, vmm_kind_stats *k, uint64_t *physical, char *why, size_t cap);
 
-typedef struct vmm_piece_list {
-  vmm_piece *items;
-  vmm_kind *kinds;
-  size_t count, cap;
-} vmm_piece_list;
+/* ---- Arena --------------------------------------------------------------------------- */
 
 struct vmm_arena {
   pthread_mutex_t lock;
@@ -168,6 +218,7 @@ struct vmm_arena {
   int integrated;
   int retention_enabled;
   size_t granularity;
+  size_t handle_bound;  /* largest handle created inside a scope (a granularity multiple) */
   CUmemAllocationProp prop;
   CUmemAccessDesc access[VMM_MAX_DEVICES];
   size_t access_count;
@@ -175,11 +226,9 @@ struct vmm_arena {
 
   vmm_ranges ranges;
   vmm_mapping_table table;
-  vmm_pool pool;
+  vmm_store store;
   vmm_mapping *deferred_head;  /* frees waiting for a capture to end */
-  vmm_piece_list retained;     /* unmapped handles whose release is deferred */
-  vmm_piece_list abandoned;    /* unmapped handles of aborted scopes, released at destroy */
-  vmm_reservation *stuck;      /* pieces a failed undo left mapped: VA kept out of the free list, unmapped at destroy */
+  vmm_reservation *stuck;      /* handles a failed undo left mapped: VA kept out of the free list, unmapped at destroy */
   size_t stuck_count, stuck_cap, stuck_bytes;
 
   vmm_scope_state scope;
@@ -191,7 +240,8 @@ struct vmm_arena {
   /* counters */
   vmm_kind_stats kind[VMM_KIND_COUNT];
   uint64_t physical_bytes, physical_peak, mapped_bytes, mapped_peak;
-  uint64_t pool_hits, pool_misses, pool_fallbacks, stitches;
+  uint64_t pool_hits, pool_misses, pool_fallbacks;
+  uint64_t assemblies, padded_assemblies, assembled_idle_handles, assembly_created_bytes, pooled_taken_apart;
   uint64_t oom_refusals, limit_refusals, headroom_refusals;
   uint64_t allocs, frees, deferred_frees;
   uint64_t scopes_begun, scopes_finished, scopes_aborted;
@@ -206,6 +256,17 @@ struct vmm_arena {
 
   vmm_trace_writer *trace;
 };
+
+static inline bool vmm_retaining(const vmm_arena *a) { return a->scope == VMM_SCOPE_ACTIVE && a->retention_enabled; }
+static inline size_t vmm_round_up(const vmm_arena *a, size_t bytes) {
+  return (bytes + a->granularity - 1) & ~(a->granularity - 1);
+}
+
+/* ---- Counters (accounting.c) --------------------------------------------------------- */
+VMM_INTERNAL void vmm_stat_add(vmm_arena *a, vmm_kind k, vmm_mapping_state s, size_t bytes, int sign);
+VMM_INTERNAL void vmm_tag_account(vmm_arena *a, uint32_t tag, size_t bytes, int sign);
+VMM_INTERNAL void vmm_add_physical(vmm_arena *a, size_t bytes);
+VMM_INTERNAL void vmm_add_mapped(vmm_arena *a, size_t bytes);
 
 /* ---- Driver calls (driver.c): timing, counters, context ------------------------------ */
 
@@ -245,31 +306,85 @@ VMM_INTERNAL vmm_status vmm_fail_driver(vmm_arena *a, CUresult r, vmm_driver_ent
 /* Appends "arena holds ..." to buf. */
 VMM_INTERNAL void vmm_describe_holdings(const vmm_arena *a, char *buf, size_t cap);
 VMM_INTERNAL void vmm_log(int level, int threshold, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+VMM_INTERNAL const char *vmm_kind_name(int kind);
 
 /* ---- Tags (tags.c) ------------------------------------------------------------------- */
 VMM_INTERNAL uint32_t vmm_tag_current_id(void);
 VMM_INTERNAL const char *vmm_tag_name(uint32_t id);
 VMM_INTERNAL uint32_t vmm_tag_count(void);
 
+/* ---- Trace (trace.c) ----------------------------------------------------------------- */
+/* Writes one operation of the arena to its trace, if one is open. kind -1: none. */
+VMM_INTERNAL void vmm_trace_arena_op(vmm_arena *a, vmm_trace_op op, int kind, size_t requested, size_t rounded,
+                                     CUdeviceptr ptr, CUstream stream, uint32_t tag, vmm_status result);
+
 /* ---- Meminfo (meminfo.c) ------------------------------------------------------------- */
 VMM_INTERNAL CUresult vmm_host_memory_available(size_t *bytes);
 
-/* ---- Scope helpers (scope.c) --------------------------------------------------------- */
-VMM_INTERNAL bool vmm_scope_aborted(const vmm_arena *a, uint64_t scope_id);
-VMM_INTERNAL int vmm_pieces_push(vmm_piece_list *l, vmm_piece p, vmm_kind kind);
-VMM_INTERNAL int vmm_pieces_reserve(vmm_piece_list *l, size_t more);
+/* ---- Admission (admission.c) --------------------------------------------------------- */
+/* Refuses `fresh` bytes of new physical memory past the limit or below the headroom, for a
+ * request of `bytes` (rounded `rounded`). */
+VMM_INTERNAL vmm_status vmm_admit(vmm_arena *a, size_t bytes, size_t rounded, size_t fresh, vmm_kind kind);
+/* Records a cuMemCreate out-of-memory as a refusal, with the device's free memory. */
+VMM_INTERNAL vmm_status vmm_refuse_driver_oom(vmm_arena *a, size_t bytes, size_t rounded, vmm_kind kind);
 
-/* ---- Arena internals shared by scope.c and arena.c ----------------------------------- */
-VMM_INTERNAL void vmm_stat_add(vmm_arena *a, vmm_kind k, vmm_mapping_state s, size_t bytes, int sign);
-VMM_INTERNAL void vmm_mapping_destroy_record(vmm_arena *a, vmm_mapping *m);
-VMM_INTERNAL void vmm_process_deferred(vmm_arena *a);
-VMM_INTERNAL void vmm_tag_account(vmm_arena *a, uint32_t tag, size_t bytes, int sign);
-/* Before pooled mapping m is unmapped (by finish or stitching): waits for the work of the
+/* ---- Stream order (stream_order.c) --------------------------------------------------- */
+/* 1 if the stream is capturing (or its state cannot be read), 0 if not. */
+VMM_INTERNAL int vmm_stream_capturing(vmm_arena *a, CUstream s);
+typedef struct vmm_reuse_ctx {
+  vmm_arena *a;
+  CUstream stream;
+  int capturing; /* -1 unknown */
+} vmm_reuse_ctx;
+/* vmm_pool_usable_fn: a pooled mapping may go to ctx->stream if it was freed there, if a
+ * quiesce passed since, or if the stream can be ordered after the freeing stream's work. */
+VMM_INTERNAL bool vmm_usable_on_stream(void *ctx, vmm_mapping *m);
+/* True if m's freeing stream could be waited for now (not capturing), or need not be. */
+VMM_INTERNAL bool vmm_can_wait_for_free(vmm_arena *a, const vmm_mapping *m);
+/* Before pooled mapping m is unmapped (by finish or assembly): waits for the work of the
  * stream that freed it, which may still use it, unless a quiesce came after the free or that
  * stream is in waited[0, *n_waited) (it is added while there is room for `cap`). A capturing
  * stream cannot be waited for: VMM_ERR_SCOPE_STATE; a failed query or synchronize is a driver
  * error. Messages name the caller by `what`. */
 VMM_INTERNAL vmm_status vmm_wait_for_free(vmm_arena *a, const vmm_mapping *m, const char *what, CUstream *waited,
                                           size_t *n_waited, size_t cap);
+/* Unmaps the frees that waited for a capture to end, where the capture is over. */
+VMM_INTERNAL void vmm_process_deferred(vmm_arena *a);
+/* Moves m to its aborted scope's abandoned memory: no driver call until destroy. */
+VMM_INTERNAL void vmm_abandon(vmm_arena *a, vmm_mapping *m);
+
+/* ---- Assembly (assembly.c) ----------------------------------------------------------- */
+typedef struct vmm_request {
+  size_t bytes, rounded;
+  vmm_kind kind;
+  CUstream stream;
+  uint32_t tag;
+} vmm_request;
+
+typedef enum vmm_assembly_mode {
+  VMM_ASSEMBLE_NEW,    /* one new handle, no idle handle (outside a scope) */
+  VMM_ASSEMBLE_EXACT,  /* idle handles that fit what is left, new memory (cut to the bound) for the rest */
+  VMM_ASSEMBLE_PADDED  /* after a refusal: idle handles only, the last one may be larger than what is left */
+} vmm_assembly_mode;
+
+/* Builds a live mapping of at least req->rounded bytes in a fresh range. On any failure
+ * everything taken is put back as it was and the error is recorded. */
+VMM_INTERNAL vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode mode, vmm_mapping **out);
+/* Maps handles back to back at base and grants access; undoes itself on failure (a handle
+ * whose undo unmap fails is kept stuck). *failed names the entry point that failed. */
+VMM_INTERNAL CUresult vmm_map_handles(vmm_arena *a, CUdeviceptr base, vmm_handle *const *h, uint32_t n, size_t extent,
+                                      vmm_driver_entry *failed);
+/* Returns [base, base + extent) to the free list except the stuck pieces recorded from index
+ * first_stuck on. */
+VMM_INTERNAL void vmm_free_range_unless_stuck(vmm_arena *a, CUdeviceptr base, size_t extent, uint32_t reservation,
+                                              size_t first_stuck);
+
+/* The largest handle to create inside a scope now: the configured bound, or where the arena
+ * chooses, a power of two near 1/VMM_BOUND_SHARE of its physical peak, within [granularity,
+ * VMM_BOUND_MAX] (docs/design.md, "Handle bound"). */
+VMM_INTERNAL size_t vmm_handle_bound(const vmm_arena *a);
+
+/* ---- Scope helpers (scope.c) --------------------------------------------------------- */
+VMM_INTERNAL bool vmm_scope_aborted(const vmm_arena *a, uint64_t scope_id);
 
 #endif

@@ -22,13 +22,18 @@ static void fill(const vmm_arena *a, vmm_snapshot *s) {
   s->mapped_peak_bytes = a->mapped_peak;
   s->reserved_va_bytes = a->ranges.reserved_bytes;
   s->reservations = a->ranges.reservation_count;
-  s->retained_reusable_handles = a->pool.count;
-  s->retained_reusable_bytes = a->pool.bytes;
-  s->pool_buckets = a->pool.buckets;
+  s->retained_reusable_handles = a->store.pool.handles + a->store.unmapped_count;
+  s->retained_reusable_bytes = a->store.pool.bytes + a->store.unmapped_bytes;
+  s->pool_buckets = a->store.pool.buckets;
   s->pool_hits = a->pool_hits;
   s->pool_misses = a->pool_misses;
   s->pool_fallbacks = a->pool_fallbacks;
-  s->stitches = a->stitches;
+  s->handle_bound_bytes = vmm_handle_bound(a);
+  s->assemblies = a->assemblies;
+  s->padded_assemblies = a->padded_assemblies;
+  s->assembled_idle_handles = a->assembled_idle_handles;
+  s->assembly_created_bytes = a->assembly_created_bytes;
+  s->pooled_taken_apart = a->pooled_taken_apart;
   s->oom_refusals = a->oom_refusals;
   s->limit_refusals = a->limit_refusals;
   s->headroom_refusals = a->headroom_refusals;
@@ -170,15 +175,15 @@ vmm_status vmm_arena_snapshot_json(vmm_arena *a, char *buf, size_t cap, size_t *
   fill(a, &s);
   jw w = {buf, cap, 0};
   static const char *const retain_modes[] = {"auto", "on", "off"};
-  printf_(&w, "{\"schema\":\"vmmarena.snapshot\",\"version\":1,\"device\":%d,\"integrated\":%s,", s.device,
+  printf_(&w, "{\"schema\":\"vmmarena.snapshot\",\"version\":2,\"device\":%d,\"integrated\":%s,", s.device,
           s.integrated ? "true" : "false");
   printf_(&w, "\"retention\":{\"mode\":\"%s\",\"enabled\":%s},", retain_modes[a->cfg.retain],
           s.retention_enabled ? "true" : "false");
   printf_(&w, "\"reuse\":{\"policy\":\"%s\",\"bound\":", vmm_reuse_policy_name(s.reuse));
   if (isfinite(s.reuse_bound)) printf_(&w, "%g", s.reuse_bound);
   else puts_(&w, "null"); /* JSON has no inf or nan */
-  printf_(&w, ",\"stitch\":%s,\"stitch_eager\":%s},", a->cfg.stitch ? "true" : "false",
-          a->cfg.stitch == VMM_STITCH_EAGER ? "true" : "false");
+  printf_(&w, ",\"handle_bound_bytes\":%llu,\"package_assembly\":%s},", (unsigned long long)s.handle_bound_bytes,
+          a->cfg.package_assembly ? "true" : "false");
   kv_u64(&w, "granularity", s.granularity, 0);
   kv_u64(&w, "headroom_bytes", s.headroom_bytes, 1);
   kv_u64(&w, "limit_bytes", s.limit_bytes, 1);
@@ -202,10 +207,16 @@ vmm_status vmm_arena_snapshot_json(vmm_arena *a, char *buf, size_t cap, size_t *
   kv_u64(&w, "hits", s.pool_hits, 1);
   kv_u64(&w, "misses", s.pool_misses, 1);
   kv_u64(&w, "fallbacks", s.pool_fallbacks, 1);
-  kv_u64(&w, "stitches", s.stitches, 1);
+  kv_u64(&w, "idle_unmapped_handles", a->store.unmapped_count, 1);
+  kv_u64(&w, "idle_unmapped_bytes", a->store.unmapped_bytes, 1);
+  kv_u64(&w, "assemblies", s.assemblies, 1);
+  kv_u64(&w, "padded_assemblies", s.padded_assemblies, 1);
+  kv_u64(&w, "assembled_idle_handles", s.assembled_idle_handles, 1);
+  kv_u64(&w, "assembly_created_bytes", s.assembly_created_bytes, 1);
+  kv_u64(&w, "pooled_taken_apart", s.pooled_taken_apart, 1);
   puts_(&w, ",\"buckets\":[");
   int first = 1;
-  buckets_json(&w, a->pool.root, &first);
+  buckets_json(&w, a->store.pool.root, &first);
   puts_(&w, "]},\"refusals\":{");
   kv_u64(&w, "out_of_memory", s.oom_refusals, 0);
   kv_u64(&w, "limit", s.limit_refusals, 1);
@@ -258,7 +269,7 @@ vmm_status vmm_arena_snapshot_json(vmm_arena *a, char *buf, size_t cap, size_t *
     m = list[i];
     printf_(&w, "%s{\"base\":\"0x%llx\",\"extent\":%zu,\"requested\":%zu,\"kind\":\"%s\",\"state\":\"%s\",\"handles\":%u,\"tag\":",
             i ? "," : "", (unsigned long long)m->base, m->extent, m->requested,
-            m->kind == VMM_KIND_PACKAGE ? "package" : "transient", state_json(m->state), m->piece_count);
+            m->kind == VMM_KIND_PACKAGE ? "package" : "transient", state_json(m->state), m->handle_count);
     if (m->tag) str(&w, vmm_tag_name(m->tag));
     else puts_(&w, "null");
     printf_(&w, ",\"scope\":%llu}", (unsigned long long)m->scope_id);

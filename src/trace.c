@@ -188,3 +188,20 @@ int vmm_trace_parse_line(const char *line, size_t len, vmm_trace_record *rec, co
   if (!memory_op && rec->kind >= 0) BAD("begin, finish and abort take no kind ('-')");
   return 1;
 }
+
+void vmm_trace_arena_op(vmm_arena *a, vmm_trace_op op, int kind, size_t requested, size_t rounded, CUdeviceptr ptr,
+                        CUstream stream, uint32_t tag, vmm_status result) {
+  if (!a->trace) return;
+  vmm_trace_record r;
+  r.t_ns = vmm_now_ns();
+  r.op = op;
+  r.kind = kind;
+  r.requested = requested;
+  r.rounded = rounded;
+  r.ptr = (uint64_t)ptr;
+  r.stream = (uint64_t)(uintptr_t)stream;
+  const char *name = tag ? vmm_tag_name(tag) : NULL;
+  snprintf(r.tag, sizeof r.tag, "%s", name ? name : "");
+  r.result = result;
+  vmm_trace_write(a->trace, &r);
+}

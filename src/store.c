@@ -1,0 +1,241 @@
+/* The idle-handle store: physical memory freed inside a scope, indexed by size.
+ *  - mapped tier, the pool: idle transient mappings in size buckets (an AVL tree keyed by
+ *    extent, each a LIFO list). No bucket in the tree is ever empty (see vmm_pool in
+ *    internal.h); emptied buckets are kept on a spare list for the next push.
+ *  - unmapped tier: idle handles in an AVL tree keyed by (size, serial).
+ *  - the abandoned list: handles of aborted scopes, touched again only by destroy. */
+#include <stdlib.h>
+
+#include "internal.h"
+
+static vmm_bucket *bucket_of(vmm_avl *n) { return n ? vmm_container_of(n, vmm_bucket, node) : NULL; }
+
+int vmm_pool_push(vmm_pool *p, vmm_mapping *m) {
+  vmm_bucket *b = bucket_of(vmm_avl_find(p->root, m->extent, 0));
+  if (!b) {
+    b = p->spare;
+    if (b) p->spare = b->next_spare;
+    else if (!(b = malloc(sizeof *b))) return -1;
+    b->size = m->extent;
+    b->head = NULL;
+    b->count = 0;
+    b->node.k1 = m->extent;
+    b->node.k2 = 0;
+    p->root = vmm_avl_insert(p->root, &b->node);
+    p->buckets++;
+  }
+  m->pool_prev = NULL;
+  m->pool_next = b->head;
+  if (b->head) b->head->pool_prev = m;
+  b->head = m;
+  b->count++;
+  m->bucket = b;
+  p->count++;
+  p->bytes += m->extent;
+  p->handles += m->handle_count;
+  return 0;
+}
+
+void vmm_pool_remove(vmm_pool *p, vmm_mapping *m) {
+  vmm_bucket *b = m->bucket;
+  vmm_assert(b && b->count > 0);
+  if (m->pool_prev) m->pool_prev->pool_next = m->pool_next;
+  else b->head = m->pool_next;
+  if (m->pool_next) m->pool_next->pool_prev = m->pool_prev;
+  m->pool_next = m->pool_prev = NULL;
+  m->bucket = NULL;
+  p->count--;
+  p->bytes -= m->extent;
+  p->handles -= m->handle_count;
+  if (--b->count == 0) {
+    p->root = vmm_avl_remove(p->root, b->size, 0);
+    p->buckets--;
+    b->next_spare = p->spare;
+    p->spare = b;
+  }
+}
+
+vmm_mapping *vmm_pool_take(vmm_pool *p, size_t lo, size_t hi, vmm_pool_usable_fn usable, void *ctx) {
+  for (vmm_bucket *b = bucket_of(vmm_avl_ceil(p->root, lo, 0)); b && b->size <= hi;
+       b = bucket_of(vmm_avl_ceil(p->root, b->size + 1, 0))) {
+    vmm_assert(b->head && b->count > 0); /* no empty bucket */
+    for (vmm_mapping *m = b->head; m; m = m->pool_next) {
+      if (usable && !usable(ctx, m)) continue;
+      vmm_pool_remove(p, m);
+      return m;
+    }
+  }
+  return NULL;
+}
+
+vmm_mapping *vmm_pool_peek_drain(const vmm_pool *p) {
+  vmm_bucket *b = bucket_of(vmm_avl_last(p->root));
+  vmm_assert(!b || b->head); /* no empty bucket */
+  return b ? b->head : NULL;
+}
+
+vmm_bucket *vmm_pool_bucket_near(const vmm_pool *p, size_t lo, bool upward) {
+  if (upward) return bucket_of(vmm_avl_ceil(p->root, lo, 0));
+  return bucket_of(vmm_avl_floor(p->root, lo, 0));
+}
+
+static void free_buckets(vmm_avl *n) {
+  if (!n) return;
+  free_buckets(n->left);
+  free_buckets(n->right);
+  free(bucket_of(n));
+}
+
+void vmm_pool_fini(vmm_pool *p) {
+  free_buckets(p->root);
+  while (p->spare) {
+    vmm_bucket *b = p->spare;
+    p->spare = b->next_spare;
+    free(b);
+  }
+  p->root = NULL;
+  p->buckets = p->count = p->bytes = p->handles = 0;
+}
+
+static int check_bucket(const vmm_avl *n, size_t *buckets, size_t *count, size_t *bytes, size_t *handles, char *why,
+                        size_t cap) {
+  if (!n) return 0;
+  const vmm_bucket *b = vmm_container_of(n, vmm_bucket, node);
+  if (!b->head || b->count == 0) return snprintf(why, cap, "empty pool bucket of %zu bytes", b->size), -1;
+  size_t c = 0;
+  for (const vmm_mapping *m = b->head; m; m = m->pool_next) {
+    if (m->extent != b->size || m->bucket != b || m->state != VMM_MAP_POOLED)
+      return snprintf(why, cap, "pooled mapping 0x%llx misfiled in bucket %zu", (unsigned long long)m->base, b->size), -1;
+    if (m->pool_next && m->pool_next->pool_prev != m) return snprintf(why, cap, "bucket %zu list broken", b->size), -1;
+    *handles += m->handle_count;
+    c++;
+  }
+  if (c != b->count) return snprintf(why, cap, "bucket %zu counts %zu, holds %zu", b->size, b->count, c), -1;
+  *buckets += 1;
+  *count += c;
+  *bytes += c * b->size;
+  if (check_bucket(n->left, buckets, count, bytes, handles, why, cap)) return -1;
+  return check_bucket(n->right, buckets, count, bytes, handles, why, cap);
+}
+
+int vmm_pool_check(const vmm_pool *p, char *why, size_t cap) {
+  if (vmm_avl_check(p->root) < 0) return snprintf(why, cap, "pool bucket tree unsorted or unbalanced"), -1;
+  size_t buckets = 0, count = 0, bytes = 0, handles = 0;
+  if (check_bucket(p->root, &buckets, &count, &bytes, &handles, why, cap)) return -1;
+  if (buckets != p->buckets || count != p->count || bytes != p->bytes || handles != p->handles)
+    return snprintf(why, cap, "pool totals %zu/%zu/%zu/%zu differ from recount %zu/%zu/%zu/%zu", p->buckets, p->count,
+                    p->bytes, p->handles, buckets, count, bytes, handles),
+           -1;
+  return 0;
+}
+
+/* ---- Unmapped tier ------------------------------------------------------------------- */
+
+static vmm_handle *handle_of(vmm_avl *n) { return n ? vmm_container_of(n, vmm_handle, node) : NULL; }
+
+void vmm_idle_put(vmm_arena *a, vmm_handle *h) {
+  vmm_store *s = &a->store;
+  h->node.k1 = h->size;
+  if (!h->node.k2) h->node.k2 = ++s->serial; /* a handle put back by an undone assembly keeps its place */
+  s->unmapped = vmm_avl_insert(s->unmapped, &h->node);
+  s->unmapped_count++;
+  s->unmapped_bytes += h->size;
+  a->kind[h->kind].retained_count++;
+  a->kind[h->kind].retained_bytes += h->size;
+}
+
+void vmm_idle_remove(vmm_arena *a, vmm_handle *h) {
+  vmm_store *s = &a->store;
+  s->unmapped = vmm_avl_remove(s->unmapped, h->node.k1, h->node.k2);
+  s->unmapped_count--;
+  s->unmapped_bytes -= h->size;
+  a->kind[h->kind].retained_count--;
+  a->kind[h->kind].retained_bytes -= h->size;
+}
+
+vmm_handle *vmm_idle_take_at_most(vmm_arena *a, size_t most) {
+  vmm_handle *h = handle_of(vmm_avl_floor(a->store.unmapped, most, UINT64_MAX));
+  if (h) vmm_idle_remove(a, h);
+  return h;
+}
+
+vmm_handle *vmm_idle_take_at_least(vmm_arena *a, size_t least) {
+  vmm_handle *h = handle_of(vmm_avl_ceil(a->store.unmapped, least, 0));
+  if (h) vmm_idle_remove(a, h);
+  return h;
+}
+
+vmm_handle *vmm_idle_largest(const vmm_arena *a) { return handle_of(vmm_avl_last(a->store.unmapped)); }
+
+void vmm_idle_abandon_all(vmm_arena *a) {
+  vmm_store *s = &a->store;
+  vmm_handle *h;
+  while ((h = vmm_idle_largest(a)) != NULL) {
+    vmm_idle_remove(a, h);
+    h->next = s->abandoned;
+    s->abandoned = h;
+    s->abandoned_count++;
+    s->abandoned_bytes += h->size;
+    a->kind[h->kind].abandoned_count++;
+    a->kind[h->kind].abandoned_bytes += h->size;
+  }
+}
+
+static void release_logged(vmm_arena *a, vmm_handle *h) {
+  CUresult r = VMM_DRV(a, mem_release, h->h);
+  if (r != CUDA_SUCCESS)
+    vmm_log(1, a->cfg.log_level, "vmmarena: destroy: cuMemRelease failed: %s", vmm_cu_error_name(a->drv, r));
+  free(h);
+}
+
+void vmm_store_destroy(vmm_arena *a) {
+  vmm_handle *h;
+  while ((h = vmm_idle_largest(a)) != NULL) {
+    vmm_idle_remove(a, h);
+    release_logged(a, h);
+  }
+  while ((h = a->store.abandoned) != NULL) {
+    a->store.abandoned = h->next;
+    release_logged(a, h);
+  }
+  vmm_pool_fini(&a->store.pool);
+}
+
+static int check_idle(const vmm_avl *n, vmm_kind_stats *k, size_t *count, uint64_t *bytes, char *why, size_t cap) {
+  if (!n) return 0;
+  const vmm_handle *h = vmm_container_of(n, vmm_handle, node);
+  if (h->node.k1 != h->size || h->size == 0 || (unsigned)h->kind >= VMM_KIND_COUNT)
+    return snprintf(why, cap, "idle handle of %zu bytes misfiled under %llu", h->size, (unsigned long long)h->node.k1), -1;
+  k[h->kind].retained_count++;
+  k[h->kind].retained_bytes += h->size;
+  *count += 1;
+  *bytes += h->size;
+  if (check_idle(n->left, k, count, bytes, why, cap)) return -1;
+  return check_idle(n->right, k, count, bytes, why, cap);
+}
+
+int vmm_store_check(const vmm_arena *a, vmm_kind_stats *k, uint64_t *physical, char *why, size_t cap) {
+  const vmm_store *s = &a->store;
+  if (vmm_pool_check(&s->pool, why, cap)) return -1;
+  if (vmm_avl_check(s->unmapped) < 0) return snprintf(why, cap, "idle handle tree unsorted or unbalanced"), -1;
+  size_t count = 0;
+  uint64_t bytes = 0;
+  if (check_idle(s->unmapped, k, &count, &bytes, why, cap)) return -1;
+  if (count != s->unmapped_count || bytes != s->unmapped_bytes)
+    return snprintf(why, cap, "idle handle totals %zu/%zu differ from recount %zu/%llu", s->unmapped_count,
+                    s->unmapped_bytes, count, (unsigned long long)bytes),
+           -1;
+  *physical += bytes;
+  count = 0, bytes = 0;
+  for (const vmm_handle *h = s->abandoned; h; h = h->next) {
+    k[h->kind].abandoned_count++;
+    k[h->kind].abandoned_bytes += h->size;
+    count++, bytes += h->size;
+  }
+  if (count != s->abandoned_count || bytes != s->abandoned_bytes)
+    return snprintf(why, cap, "abandoned handle totals %zu/%zu differ from recount %zu/%llu", s->abandoned_count,
+                    s->abandoned_bytes, count, (unsigned long long)bytes),
+           -1;
+  *physical += bytes;
+  return 0;
+}

@@ -1,0 +1,96 @@
+/* Stream order: when freed memory may be used again. Reuse on the freeing stream is
+ * immediate; another stream is ordered after the free by an event, and nothing is recorded on,
+ * waited from or synchronized on a capturing stream. Frees on a capturing stream are deferred
+ * until the capture is over. */
+#include "internal.h"
+
+int vmm_stream_capturing(vmm_arena *a, CUstream s) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult r = VMM_DRV(a, stream_is_capturing, s, &status);
+  return r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+bool vmm_usable_on_stream(void *arg, vmm_mapping *m) {
+  vmm_reuse_ctx *c = arg;
+  vmm_arena *a = c->a;
+  if (m->stream == c->stream || m->free_epoch < a->epoch) return true;
+  if (c->capturing < 0) c->capturing = vmm_stream_capturing(a, c->stream);
+  if (c->capturing || vmm_stream_capturing(a, m->stream)) return false;
+  CUresult r;
+  if (!a->order_event) {
+    r = VMM_DRV(a, event_create, &a->order_event, CU_EVENT_DISABLE_TIMING);
+    if (r != CUDA_SUCCESS) {
+      a->order_event = NULL;
+      vmm_fail_driver(a, r, VMM_DRV_event_create, "creating the stream-order event");
+      return false;
+    }
+  }
+  r = VMM_DRV(a, event_record, a->order_event, m->stream);
+  if (r != CUDA_SUCCESS) {
+    vmm_fail_driver(a, r, VMM_DRV_event_record, "recording the freeing stream for reuse");
+    return false;
+  }
+  r = VMM_DRV(a, stream_wait_event, c->stream, a->order_event, 0);
+  if (r != CUDA_SUCCESS) {
+    vmm_fail_driver(a, r, VMM_DRV_stream_wait_event, "ordering the reusing stream after the free");
+    return false;
+  }
+  return true;
+}
+
+bool vmm_can_wait_for_free(vmm_arena *a, const vmm_mapping *m) {
+  return m->free_epoch != a->epoch || !vmm_stream_capturing(a, m->stream);
+}
+
+vmm_status vmm_wait_for_free(vmm_arena *a, const vmm_mapping *m, const char *what, CUstream *waited, size_t *n_waited,
+                             size_t cap) {
+  if (m->free_epoch != a->epoch) return VMM_OK; /* a quiesce came after the free */
+  for (size_t i = 0; i < *n_waited; i++)
+    if (waited[i] == m->stream) return VMM_OK;
+  char b[32];
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult r = VMM_DRV(a, stream_is_capturing, m->stream, &status);
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) status = CU_STREAM_CAPTURE_STATUS_ACTIVE; /* legacy stream */
+  else if (r != CUDA_SUCCESS)
+    return vmm_fail_driver(a, r, VMM_DRV_stream_is_capturing, "%s: reading the capture state of stream %p", what,
+                           (void *)m->stream);
+  if (status != CU_STREAM_CAPTURE_STATUS_NONE)
+    return vmm_fail(a, VMM_ERR_SCOPE_STATE,
+                    "%s: pooled %s at 0x%llx was freed on stream %p, which is capturing and cannot be waited for "
+                    "before the unmap; nothing touched",
+                    what, vmm_fmt_bytes(m->extent, b), (unsigned long long)m->base, (void *)m->stream);
+  r = VMM_DRV(a, stream_synchronize, m->stream);
+  if (r != CUDA_SUCCESS)
+    return vmm_fail_driver(a, r, VMM_DRV_stream_synchronize, "%s: waiting for stream %p before unmapping pooled %s at 0x%llx",
+                           what, (void *)m->stream, vmm_fmt_bytes(m->extent, b), (unsigned long long)m->base);
+  if (*n_waited < cap) waited[(*n_waited)++] = m->stream;
+  return VMM_OK;
+}
+
+void vmm_abandon(vmm_arena *a, vmm_mapping *m) { vmm_mapping_set_state(a, m, VMM_MAP_ABANDONED); }
+
+void vmm_process_deferred(vmm_arena *a) {
+  vmm_mapping **link = &a->deferred_head;
+  while (*link) {
+    vmm_mapping *m = *link;
+    if (vmm_scope_aborted(a, m->scope_id)) { /* aborted while its free waited for the capture */
+      *link = m->pool_next;
+      m->pool_next = NULL;
+      vmm_abandon(a, m);
+      continue;
+    }
+    if (vmm_stream_capturing(a, m->stream) || VMM_DRV(a, stream_synchronize, m->stream) != CUDA_SUCCESS) {
+      link = &m->pool_next;
+      continue;
+    }
+    *link = m->pool_next;
+    m->pool_next = NULL;
+    bool unmapped;
+    if (vmm_mapping_retire(a, m, vmm_retaining(a), "a deferred free", &unmapped) != VMM_OK && !unmapped) {
+      /* The unmap failed: keep it deferred for the next attempt. */
+      m->pool_next = *link;
+      *link = m;
+      return;
+    }
+  }
+}
