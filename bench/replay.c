@@ -316,6 +316,7 @@ typedef struct op {
   uint8_t type;    /* vmm_trace_op */
   uint8_t kind;    /* vmm_kind (alloc and free) */
   uint32_t stream; /* index into trace.streams */
+  uint32_t tag;    /* 0 = none, else 1 + index into trace.tags (alloc, pause, resume) */
   uint64_t bytes;  /* requested bytes (alloc) */
   uint64_t ptr;    /* trace pointer (alloc and free) */
 } op;
@@ -327,7 +328,30 @@ typedef struct trace {
   size_t unknown_frees;     /* frees of pointers allocated before the trace started: not replayed */
   uint64_t *streams;        /* distinct stream values of the trace */
   size_t stream_count;
+  char **tags;              /* distinct tags of the trace */
+  size_t tag_count;
 } trace;
+
+/* 0 for no tag, else 1 + the tag's index (added if new); -1 on host out-of-memory. */
+static int tag_index(trace *t, const char *tag, uint32_t *index) {
+  *index = 0;
+  if (!*tag) return 0;
+  for (size_t i = 0; i < t->tag_count; i++)
+    if (!strcmp(t->tags[i], tag)) return *index = (uint32_t)i + 1, 0;
+  char **grown = realloc(t->tags, (t->tag_count + 1) * sizeof *grown);
+  if (!grown) return -1;
+  t->tags = grown;
+  if (!(t->tags[t->tag_count] = strdup(tag))) return -1;
+  *index = (uint32_t)++t->tag_count;
+  return 0;
+}
+
+static void trace_free(trace *t) {
+  for (size_t i = 0; i < t->tag_count; i++) free(t->tags[i]);
+  free(t->tags);
+  free(t->ops);
+  free(t->streams);
+}
 
 static int stream_index(trace *t, uint64_t stream, uint32_t *index) {
   for (size_t i = 0; i < t->stream_count; i++)
@@ -377,8 +401,8 @@ static int parse_trace(char *text, size_t len, const char *name, trace *t) {
         rc = -1;
       } else if (rec.op == VMM_TRACE_FREE && !map_take(&live, rec.ptr, &unused)) {
         t->unknown_frees++;
-      } else if (stream_index(t, rec.stream, &o.stream)) {
-        fputs("vmmarena-replay: out of host memory for the stream list\n", stderr);
+      } else if (stream_index(t, rec.stream, &o.stream) || tag_index(t, rec.tag, &o.tag)) {
+        fputs("vmmarena-replay: out of host memory for the stream or tag list\n", stderr);
         rc = -1;
       } else {
         if (rec.op == VMM_TRACE_ALLOC) {
@@ -508,7 +532,8 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static const char *const op_names[] = {"alloc", "free", "begin", "finish", "abort"};
+static const char *const op_names[VMM_TRACE_OP_COUNT] = {"alloc", "free",          "begin",        "finish",
+                                                          "abort", "pause-discard", "pause-backup", "resume"};
 
 /* Replays the trace under one policy. series (if non-NULL) gets the physical bytes after
  * every operation. Returns 0, or -1 if the arena could not be created. */
@@ -546,7 +571,9 @@ static int replay(const options *o, const policy *p, const trace *t, const repla
     switch ((vmm_trace_op)x->type) {
     case VMM_TRACE_ALLOC: {
       void *ptr = NULL;
+      if (x->tag) vmm_tag_push(t->tags[x->tag - 1]);
       st = vmm_arena_alloc(a, x->bytes, (vmm_kind)x->kind, stream, &ptr);
+      if (x->tag) vmm_tag_pop();
       if (st == VMM_OK) map_put(map, x->ptr, (uint64_t)(uintptr_t)ptr);
       else if (st == VMM_ERR_OUT_OF_MEMORY) res->oom++, st = VMM_OK;
       break;
@@ -558,6 +585,15 @@ static int replay(const options *o, const policy *p, const trace *t, const repla
     case VMM_TRACE_BEGIN: st = vmm_retention_begin(a); break;
     case VMM_TRACE_FINISH: st = vmm_retention_finish(a); break;
     case VMM_TRACE_ABORT: st = vmm_retention_abort(a); break;
+    case VMM_TRACE_PAUSE_DISCARD:
+    case VMM_TRACE_PAUSE_BACKUP:
+      st = vmm_arena_pause(a, x->tag ? t->tags[x->tag - 1] : NULL,
+                           x->type == VMM_TRACE_PAUSE_BACKUP ? VMM_PAUSE_BACKUP : VMM_PAUSE_DISCARD);
+      break;
+    case VMM_TRACE_RESUME:
+      st = vmm_arena_resume(a, x->tag ? t->tags[x->tag - 1] : NULL);
+      if (st == VMM_ERR_OUT_OF_MEMORY) res->oom++, st = VMM_OK; /* stays paused */
+      break;
     }
     if (st != VMM_OK) {
       fprintf(stderr, "vmmarena-replay: %s: operation %zu (%s %llu bytes): %s: %s\n", p->name, i + 1,
@@ -793,8 +829,7 @@ int main(int argc, char **argv) {
                parse_trace(text.data, text.len, name, &t) == 0;
   free(text.data);
   if (!loaded) {
-    free(t.ops);
-    free(t.streams);
+    trace_free(&t);
     return 2;
   }
   printf("trace: %s%s: %zu operations (%zu alloc, %zu free, %zu scope)", name, o.trace ? "" : " (built in)", t.count,
@@ -805,7 +840,6 @@ int main(int argc, char **argv) {
   printf("\n");
   fflush(stdout);
   int rc = run_policies(&o, &t);
-  free(t.ops);
-  free(t.streams);
+  trace_free(&t);
   return rc;
 }

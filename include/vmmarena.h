@@ -127,6 +127,23 @@ VMM_API vmm_status vmm_retention_begin(vmm_arena *arena);
 VMM_API vmm_status vmm_retention_finish(vmm_arena *arena);
 VMM_API vmm_status vmm_retention_abort(vmm_arena *arena);
 
+/* ---- Pause and resume ---------------------------------------------------------------- */
+
+typedef enum vmm_pause_mode {
+  VMM_PAUSE_DISCARD, /* the contents are dropped */
+  VMM_PAUSE_BACKUP   /* the contents are copied to host memory and back on resume */
+} vmm_pause_mode;
+
+/* Takes the physical memory of every live allocation tagged `tag` (NULL: untagged) away and
+ * keeps each one's virtual range, so pointers stay valid. Outside a scope the handles are
+ * released; inside one they become idle handles (reused, never released before finish).
+ * Synchronizes each allocation's stream first; refused while one of them is capturing. */
+VMM_API vmm_status vmm_arena_pause(vmm_arena *arena, const char *tag, vmm_pause_mode mode);
+/* Maps memory back at the same addresses (from idle handles where possible) for every paused
+ * allocation tagged `tag`, and restores backups. A failed resume leaves what it did not finish
+ * paused and can be retried. */
+VMM_API vmm_status vmm_arena_resume(vmm_arena *arena, const char *tag);
+
 /* ---- Errors -------------------------------------------------------------------------- */
 
 /* Message of the arena's latest failure, with its numbers ("" if none). */
@@ -149,6 +166,7 @@ typedef struct vmm_kind_stats {
   uint64_t pooled_count, pooled_bytes;       /* idle mappings in the pool, still mapped (transient) */
   uint64_t retained_count, retained_bytes;   /* idle handles unmapped: reusable, released at finish */
   uint64_t abandoned_count, abandoned_bytes; /* held by an aborted scope until destroy */
+  uint64_t paused_count, paused_bytes;       /* paused allocations: VA kept, no physical memory */
 } vmm_kind_stats;
 
 typedef struct vmm_driver_stats {

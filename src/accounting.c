@@ -11,29 +11,44 @@ void vmm_stat_add(vmm_arena *a, vmm_kind k, vmm_mapping_state s, size_t bytes, i
   switch (s) {
   case VMM_MAP_POOLED: count = &ks->pooled_count, total = &ks->pooled_bytes; break;
   case VMM_MAP_ABANDONED: count = &ks->abandoned_count, total = &ks->abandoned_bytes; break;
+  case VMM_MAP_PAUSED: count = &ks->paused_count, total = &ks->paused_bytes; break;
   default: count = &ks->live_count, total = &ks->live_bytes; break;
   }
   *count += (uint64_t)(int64_t)sign;
   *total += (uint64_t)((int64_t)sign * (int64_t)bytes);
 }
 
+/* Grows one per-tag array from `old` to `cap` entries, zeroing the new ones. */
+static int grow(uint64_t **array, size_t old, size_t cap) {
+  uint64_t *grown = realloc(*array, cap * sizeof *grown);
+  if (!grown) return -1;
+  memset(grown + old, 0, (cap - old) * sizeof *grown);
+  *array = grown;
+  return 0;
+}
+
+/* Makes room for tag ids up to `tag`; 0 on success. */
+static int tag_room(vmm_arena *a, uint32_t tag) {
+  if (tag < a->tag_cap) return 0;
+  size_t cap = a->tag_cap ? a->tag_cap : 16;
+  while (cap <= tag) cap *= 2;
+  if (grow(&a->tag_bytes, a->tag_cap, cap) || grow(&a->tag_count, a->tag_cap, cap) ||
+      grow(&a->tag_paused_bytes, a->tag_cap, cap) || grow(&a->tag_paused_count, a->tag_cap, cap))
+    return -1;
+  a->tag_cap = cap;
+  return 0;
+}
+
 void vmm_tag_account(vmm_arena *a, uint32_t tag, size_t bytes, int sign) {
-  if (tag >= a->tag_cap) {
-    if (sign < 0) return;
-    size_t cap = a->tag_cap ? a->tag_cap : 16;
-    while (cap <= tag) cap *= 2;
-    uint64_t *b = realloc(a->tag_bytes, cap * sizeof *b);
-    if (!b) return;
-    a->tag_bytes = b;
-    uint64_t *c = realloc(a->tag_count, cap * sizeof *c);
-    if (!c) return;
-    a->tag_count = c;
-    memset(a->tag_bytes + a->tag_cap, 0, (cap - a->tag_cap) * sizeof *b);
-    memset(a->tag_count + a->tag_cap, 0, (cap - a->tag_cap) * sizeof *c);
-    a->tag_cap = cap;
-  }
+  if (tag >= a->tag_cap && (sign < 0 || tag_room(a, tag))) return;
   a->tag_bytes[tag] += (uint64_t)((int64_t)sign * (int64_t)bytes);
   a->tag_count[tag] += (uint64_t)(int64_t)sign;
+}
+
+void vmm_tag_account_paused(vmm_arena *a, uint32_t tag, size_t bytes, int sign) {
+  if (tag >= a->tag_cap && (sign < 0 || tag_room(a, tag))) return;
+  a->tag_paused_bytes[tag] += (uint64_t)((int64_t)sign * (int64_t)bytes);
+  a->tag_paused_count[tag] += (uint64_t)(int64_t)sign;
 }
 
 void vmm_add_physical(vmm_arena *a, size_t bytes) {

@@ -200,11 +200,11 @@ static vmm_status from_pool(vmm_arena *a, const vmm_request *req, vmm_mapping **
 }
 
 static vmm_status from_idle_and_new(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
-  return assembling(a, req) ? vmm_assemble(a, req, VMM_ASSEMBLE_EXACT, out) : NOTHING;
+  return assembling(a, req) ? vmm_assemble(a, req, VMM_ASSEMBLE_EXACT, NULL, out) : NOTHING;
 }
 
 static vmm_status from_new_memory(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
-  return assembling(a, req) ? NOTHING : vmm_assemble(a, req, VMM_ASSEMBLE_NEW, out);
+  return assembling(a, req) ? NOTHING : vmm_assemble(a, req, VMM_ASSEMBLE_NEW, NULL, out);
 }
 
 static vmm_status from_any_pooled(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
@@ -217,7 +217,7 @@ static vmm_status from_any_pooled(vmm_arena *a, const vmm_request *req, vmm_mapp
 
 static vmm_status from_idle_padded(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
   if (!pooling(a, req)) return NOTHING;
-  vmm_status st = vmm_assemble(a, req, VMM_ASSEMBLE_PADDED, out);
+  vmm_status st = vmm_assemble(a, req, VMM_ASSEMBLE_PADDED, NULL, out);
   return st == VMM_ERR_OUT_OF_MEMORY ? NOTHING : st;
 }
 
@@ -316,6 +316,7 @@ static const char *state_name(vmm_mapping_state s) {
   case VMM_MAP_FREEING: return "already being freed by another call";
   case VMM_MAP_DEFERRED: return "already freed (waiting for a capture to end)";
   case VMM_MAP_ABANDONED: return "already freed (abandoned by an aborted scope)";
+  case VMM_MAP_PAUSED: return "paused";
   }
   return "?";
 }
@@ -347,6 +348,14 @@ vmm_status vmm_arena_free(vmm_arena *a, void *ptr, CUstream stream) {
   uint32_t tag = 0;
   if (!ptr) {
     st = vmm_fail(a, VMM_ERR_UNKNOWN_POINTER, "free(NULL): not an allocation");
+    goto done;
+  }
+  if (m && m->state == VMM_MAP_PAUSED) {
+    extent = m->extent;
+    kind = (int)m->kind;
+    tag = m->tag;
+    vmm_paused_free(a, m);
+    a->frees++;
     goto done;
   }
   if (!m || m->state != VMM_MAP_LIVE) {
@@ -450,6 +459,8 @@ void vmm_arena_destroy(vmm_arena *a) {
   free(a->aborted_scopes);
   free(a->tag_bytes);
   free(a->tag_count);
+  free(a->tag_paused_bytes);
+  free(a->tag_paused_count);
   pthread_mutex_unlock(&a->lock);
   pthread_mutex_destroy(&a->lock);
   free(a);

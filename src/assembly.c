@@ -262,10 +262,30 @@ static void commit_apart(vmm_arena *a, plan *p) {
   }
 }
 
-vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode mode, vmm_mapping **out) {
+/* Gives m the handles in slots (a heap array of n, kept when n > 1). */
+static void attach_handles(vmm_mapping *m, vmm_handle **slots, uint32_t n) {
+  if (m->handles != &m->first) free(m->handles);
+  if (n == 1) {
+    m->first = slots[0];
+    m->handles = &m->first;
+    free(slots);
+  } else {
+    m->handles = slots;
+  }
+  m->handle_count = n;
+  for (uint32_t i = 0; i < n; i++) {
+    m->handles[i]->taken = false;
+    m->handles[i]->node.k2 = 0; /* a fresh store position when it is idle again */
+  }
+}
+
+vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode mode, vmm_mapping *into,
+                        vmm_mapping **out) {
   plan p = {0};
   vmm_status st = VMM_OK;
-  vmm_mapping *m = NULL;
+  vmm_mapping *m = into;
+  vmm_handle **slots = NULL;
+  uint32_t n_new = 0;
   if (mode != VMM_ASSEMBLE_NEW) {
     p.use = malloc((a->store.unmapped_count + a->store.pool.handles + 1) * sizeof *p.use);
     p.apart = malloc((a->store.pool.count + 1) * sizeof *p.apart);
@@ -287,12 +307,13 @@ vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode 
   /* 1. admission */
   if (p.fresh && (st = vmm_admit(a, req->bytes, req->rounded, p.fresh, req->kind)) != VMM_OK) goto undo_plan;
   /* 2. record, handle objects, table slot, range */
-  uint32_t n_new = cut_count(a, p.fresh, mode);
-  if (!(m = vmm_mapping_new(p.n_idle + n_new)) || vmm_table_reserve(&a->table)) {
+  n_new = cut_count(a, p.fresh, mode);
+  if (!(slots = calloc(p.n_idle + n_new, sizeof *slots)) || (!into && !(m = vmm_mapping_new(0))) ||
+      (!into && vmm_table_reserve(&a->table))) {
     st = vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for a mapping record");
     goto undo_record;
   }
-  vmm_handle **fresh = m->handles + p.n_idle;
+  vmm_handle **fresh = slots + p.n_idle;
   size_t rest = p.fresh;
   for (uint32_t i = 0; i < n_new; rest -= fresh[i]->size, i++) {
     if (!(fresh[i] = vmm_handle_new(0, cut(a, rest, mode), req->kind))) {
@@ -300,39 +321,38 @@ vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode 
       goto undo_record;
     }
   }
-  m->extent = p.covered + p.fresh;
-  if ((st = vmm_ranges_alloc(a, m->extent, &m->base, &m->reservation)) != VMM_OK) goto undo_record;
+  size_t extent = p.covered + p.fresh;
+  vmm_assert(!into || extent == into->extent);
+  if (!into && (st = vmm_ranges_alloc(a, extent, &m->base, &m->reservation)) != VMM_OK) goto undo_record;
   /* 3-5. streams, new memory, pooled mappings taken apart */
   if ((st = create_handles(a, req, fresh, n_new)) != VMM_OK) goto undo_range;
   if ((st = unmap_apart(a, &p)) != VMM_OK) goto undo_created;
   /* 6. map and grant access */
-  memcpy(m->handles, p.use, p.n_idle * sizeof *p.use);
-  m->handle_count = p.n_idle + n_new;
+  memcpy(slots, p.use, p.n_idle * sizeof *p.use);
   vmm_driver_entry failed = VMM_DRV_mem_map;
   size_t first_stuck = a->stuck_count;
-  CUresult r = vmm_map_handles(a, m->base, m->handles, m->handle_count, m->extent, &failed);
+  CUresult r = vmm_map_handles(a, m->base, slots, p.n_idle + n_new, extent, &failed);
   if (r != CUDA_SUCCESS) {
     char b[32];
     st = vmm_fail_driver(a, r, failed, "%s %s (requested %zu B, rounded %zu B): mapping %u handles at 0x%llx",
-                         vmm_kind_name(req->kind), vmm_fmt_bytes(m->extent, b), req->bytes, req->rounded,
-                         m->handle_count, (unsigned long long)m->base);
+                         vmm_kind_name(req->kind), vmm_fmt_bytes(extent, b), req->bytes, req->rounded,
+                         p.n_idle + n_new, (unsigned long long)m->base);
     restore_apart(a, p.apart, p.n_apart);
     p.n_apart = 0;
-    vmm_free_range_unless_stuck(a, m->base, m->extent, m->reservation, first_stuck);
-    memset(m->handles, 0, p.n_idle * sizeof *m->handles);
+    if (!into) vmm_free_range_unless_stuck(a, m->base, extent, m->reservation, first_stuck);
     goto undo_created_only;
   }
   /* commit */
   commit_apart(a, &p);
-  for (uint32_t i = 0; i < m->handle_count; i++) {
-    m->handles[i]->taken = false;
-    m->handles[i]->node.k2 = 0;
+  attach_handles(m, slots, p.n_idle + n_new);
+  vmm_add_mapped(a, extent);
+  if (!into) {
+    m->extent = extent;
+    m->kind = req->kind;
+    m->state = VMM_MAP_LIVE;
+    vmm_stat_add(a, m->kind, m->state, m->extent, +1);
+    vmm_table_insert(&a->table, m);
   }
-  vmm_add_mapped(a, m->extent);
-  m->kind = req->kind;
-  m->state = VMM_MAP_LIVE;
-  vmm_stat_add(a, m->kind, m->state, m->extent, +1);
-  vmm_table_insert(&a->table, m);
   if (p.n_idle) {
     a->assemblies++;
     a->assembled_idle_handles += p.n_idle;
@@ -345,17 +365,17 @@ vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode 
   return VMM_OK;
 
 undo_created:
-  vmm_ranges_free(a, m->base, m->extent, m->reservation);
+  if (!into) vmm_ranges_free(a, m->base, extent, m->reservation);
 undo_created_only:
   release_created(a, fresh, n_new);
   goto undo_record;
 undo_range:
-  vmm_ranges_free(a, m->base, m->extent, m->reservation);
+  if (!into) vmm_ranges_free(a, m->base, extent, m->reservation);
 undo_record:
-  if (m) {
-    for (uint32_t i = 0; i < n_new; i++) free(m->handles[p.n_idle + i]);
-    vmm_mapping_free(m);
-  }
+  if (slots)
+    for (uint32_t i = 0; i < n_new; i++) free(slots[p.n_idle + i]);
+  free(slots);
+  if (!into) vmm_mapping_free(m);
 undo_plan:
   plan_undo(a, &p);
   free(p.use);

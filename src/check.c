@@ -15,7 +15,7 @@ int vmm_arena_check(vmm_arena *a, char *why, size_t cap) {
   int rc = -1;
   vmm_kind_stats k[VMM_KIND_COUNT];
   memset(k, 0, sizeof k);
-  uint64_t mapped = 0, physical = 0;
+  uint64_t mapped = 0, physical = 0, paused = 0;
   if (vmm_ranges_check(&a->ranges, tmp, sizeof tmp)) goto out;
   size_t n = 0;
   vmm_mapping *m;
@@ -38,6 +38,15 @@ int vmm_arena_check(vmm_arena *a, char *why, size_t cap) {
         snprintf(tmp, sizeof tmp, "mapping 0x%llx overlaps a free range", (unsigned long long)m->base);
         goto out;
       }
+    }
+    if (m->state == VMM_MAP_PAUSED) {
+      if (m->handle_count) {
+        snprintf(tmp, sizeof tmp, "paused mapping 0x%llx holds %u handles", (unsigned long long)m->base, m->handle_count);
+        goto out;
+      }
+      k[m->kind].paused_count++, k[m->kind].paused_bytes += m->extent;
+      paused += m->extent;
+      continue;
     }
     size_t sum = 0;
     for (uint32_t p = 0; p < m->handle_count; p++) sum += m->handles[p]->size;
@@ -72,9 +81,10 @@ int vmm_arena_check(vmm_arena *a, char *why, size_t cap) {
              (unsigned long long)physical);
     goto out;
   }
-  if (a->ranges.free_bytes + mapped + a->stuck_bytes != a->ranges.reserved_bytes) {
-    snprintf(tmp, sizeof tmp, "VA accounting: %zu free + %llu mapped + %zu stuck != %zu reserved", a->ranges.free_bytes,
-             (unsigned long long)mapped, a->stuck_bytes, a->ranges.reserved_bytes);
+  if (a->ranges.free_bytes + mapped + paused + a->stuck_bytes != a->ranges.reserved_bytes) {
+    snprintf(tmp, sizeof tmp, "VA accounting: %zu free + %llu mapped + %llu paused + %zu stuck != %zu reserved",
+             a->ranges.free_bytes, (unsigned long long)mapped, (unsigned long long)paused, a->stuck_bytes,
+             a->ranges.reserved_bytes);
     goto out;
   }
   rc = 0;

@@ -82,7 +82,8 @@ static void load_cuda(void) {
       VMM_DRIVER_ENTRY_POINTS(VMM_ENTRY_FIELD)
 #undef VMM_ENTRY_FIELD
   };
-  for (int e = 0; e < VMM_DRV_host_memory_available; e++) {
+  for (int e = 0; e < VMM_DRV_ENTRY_COUNT; e++) {
+    if (e == VMM_DRV_host_memory_available) continue; /* read from /proc, not the driver */
     CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     void *fn = NULL;
     CUresult r = get_proc(entry_names[e], &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &status);

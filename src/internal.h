@@ -83,7 +83,8 @@ typedef enum vmm_mapping_state {
   VMM_MAP_POOLED,    /* idle in the pool, still mapped */
   VMM_MAP_FREEING,   /* a free is synchronizing its stream outside the lock */
   VMM_MAP_DEFERRED,  /* freed on a capturing stream; unmapped once capture is over */
-  VMM_MAP_ABANDONED  /* belongs to an aborted scope: no driver call until destroy */
+  VMM_MAP_ABANDONED, /* belongs to an aborted scope: no driver call until destroy */
+  VMM_MAP_PAUSED     /* paused: range and record kept, no handles (pause.c) */
 } vmm_mapping_state;
 
 struct vmm_bucket;
@@ -105,6 +106,7 @@ typedef struct vmm_mapping {
   struct vmm_mapping *pool_next, *pool_prev; /* bucket list while POOLED; deferred list while DEFERRED */
   struct vmm_bucket *bucket;
   bool chosen;            /* picked by the assembly being planned (only during vmm_assemble) */
+  void *backup;           /* host copy of a paused allocation's contents (VMM_PAUSE_BACKUP) */
 } vmm_mapping;
 
 /* A record able to hold `handles` handle pointers (none attached yet), or NULL. */
@@ -248,6 +250,8 @@ struct vmm_arena {
   vmm_driver_stats drv_stats[VMM_DRV_ENTRY_COUNT];
   uint64_t *tag_bytes;         /* live bytes by tag id */
   uint64_t *tag_count;
+  uint64_t *tag_paused_bytes;  /* paused bytes by tag id */
+  uint64_t *tag_paused_count;
   size_t tag_cap;
 
   vmm_status fatal_status;
@@ -265,6 +269,8 @@ static inline size_t vmm_round_up(const vmm_arena *a, size_t bytes) {
 /* ---- Counters (accounting.c) --------------------------------------------------------- */
 VMM_INTERNAL void vmm_stat_add(vmm_arena *a, vmm_kind k, vmm_mapping_state s, size_t bytes, int sign);
 VMM_INTERNAL void vmm_tag_account(vmm_arena *a, uint32_t tag, size_t bytes, int sign);
+/* Moves bytes of a tag between live (paused = false) and paused. */
+VMM_INTERNAL void vmm_tag_account_paused(vmm_arena *a, uint32_t tag, size_t bytes, int sign);
 VMM_INTERNAL void vmm_add_physical(vmm_arena *a, size_t bytes);
 VMM_INTERNAL void vmm_add_mapped(vmm_arena *a, size_t bytes);
 
@@ -312,6 +318,8 @@ VMM_INTERNAL const char *vmm_kind_name(int kind);
 VMM_INTERNAL uint32_t vmm_tag_current_id(void);
 VMM_INTERNAL const char *vmm_tag_name(uint32_t id);
 VMM_INTERNAL uint32_t vmm_tag_count(void);
+/* The interned id of a tag name, or 0 with *known = false if the name was never used. */
+VMM_INTERNAL uint32_t vmm_tag_lookup(const char *name, bool *known);
 
 /* ---- Trace (trace.c) ----------------------------------------------------------------- */
 /* Writes one operation of the arena to its trace, if one is open. kind -1: none. */
@@ -367,9 +375,11 @@ typedef enum vmm_assembly_mode {
   VMM_ASSEMBLE_PADDED  /* after a refusal: idle handles only, the last one may be larger than what is left */
 } vmm_assembly_mode;
 
-/* Builds a live mapping of at least req->rounded bytes in a fresh range. On any failure
- * everything taken is put back as it was and the error is recorded. */
-VMM_INTERNAL vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode mode, vmm_mapping **out);
+/* Builds a live mapping of at least req->rounded bytes in a fresh range, or, with `into` (a
+ * paused allocation of req->rounded bytes), maps handles back into its range and attaches them.
+ * On any failure everything taken is put back as it was and the error is recorded. */
+VMM_INTERNAL vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode mode, vmm_mapping *into,
+                                     vmm_mapping **out);
 /* Maps handles back to back at base and grants access; undoes itself on failure (a handle
  * whose undo unmap fails is kept stuck). *failed names the entry point that failed. */
 VMM_INTERNAL CUresult vmm_map_handles(vmm_arena *a, CUdeviceptr base, vmm_handle *const *h, uint32_t n, size_t extent,
@@ -383,6 +393,10 @@ VMM_INTERNAL void vmm_free_range_unless_stuck(vmm_arena *a, CUdeviceptr base, si
  * chooses, a power of two near 1/VMM_BOUND_SHARE of its physical peak, within [granularity,
  * VMM_BOUND_MAX] (docs/design.md, "Handle bound"). */
 VMM_INTERNAL size_t vmm_handle_bound(const vmm_arena *a);
+
+/* ---- Pause (pause.c) ---------------------------------------------------------------- */
+/* Frees a paused allocation: no driver call (it holds no memory); its range returns. */
+VMM_INTERNAL void vmm_paused_free(vmm_arena *a, vmm_mapping *m);
 
 /* ---- Scope helpers (scope.c) --------------------------------------------------------- */
 VMM_INTERNAL bool vmm_scope_aborted(const vmm_arena *a, uint64_t scope_id);

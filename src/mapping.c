@@ -85,7 +85,8 @@ vmm_status vmm_mapping_retire(vmm_arena *a, vmm_mapping *m, bool retain, const c
 }
 
 void vmm_mapping_destroy_record(vmm_arena *a, vmm_mapping *m) {
-  CUresult r = VMM_DRV(a, mem_unmap, m->base, m->extent);
+  free(m->backup);
+  CUresult r = m->handle_count ? VMM_DRV(a, mem_unmap, m->base, m->extent) : CUDA_SUCCESS; /* paused: nothing mapped */
   if (r != CUDA_SUCCESS)
     vmm_log(1, a->cfg.log_level, "vmmarena: destroy: cuMemUnmap(0x%llx, %zu) failed: %s", (unsigned long long)m->base,
             m->extent, vmm_cu_error_name(a->drv, r));

@@ -144,6 +144,8 @@ static void kind_json(jw *w, const vmm_kind_stats *k) {
   kv_u64(w, "pooled_bytes", k->pooled_bytes, 1);
   kv_u64(w, "retained_count", k->retained_count, 1);
   kv_u64(w, "retained_bytes", k->retained_bytes, 1);
+  kv_u64(w, "paused_count", k->paused_count, 1);
+  kv_u64(w, "paused_bytes", k->paused_bytes, 1);
   kv_u64(w, "abandoned_count", k->abandoned_count, 1);
   kv_u64(w, "abandoned_bytes", k->abandoned_bytes, 1);
   puts_(w, "}");
@@ -164,7 +166,7 @@ static int by_base(const void *x, const void *y) {
 }
 
 static const char *state_json(vmm_mapping_state s) {
-  static const char *const names[] = {"live", "pooled", "freeing", "deferred", "abandoned"};
+  static const char *const names[] = {"live", "pooled", "freeing", "deferred", "abandoned", "paused"};
   return names[s];
 }
 
@@ -229,12 +231,14 @@ vmm_status vmm_arena_snapshot_json(vmm_arena *a, char *buf, size_t cap, size_t *
   puts_(&w, "},\"tags\":[");
   first = 1;
   for (size_t t = 0; t < a->tag_cap; t++) {
-    if (!a->tag_count[t] && !a->tag_bytes[t]) continue;
+    if (!a->tag_count[t] && !a->tag_bytes[t] && !a->tag_paused_count[t]) continue;
     puts_(&w, first ? "{\"tag\":" : ",{\"tag\":");
     if (t == 0) puts_(&w, "null");
     else str(&w, vmm_tag_name((uint32_t)t));
     kv_u64(&w, "count", a->tag_count[t], 1);
     kv_u64(&w, "bytes", a->tag_bytes[t], 1);
+    kv_u64(&w, "paused_count", a->tag_paused_count[t], 1);
+    kv_u64(&w, "paused_bytes", a->tag_paused_bytes[t], 1);
     puts_(&w, "}");
     first = 0;
   }

@@ -32,18 +32,27 @@ static int index_grow(void) {
   return 0;
 }
 
+/* The id of an interned tag, or 0. Called with intern_lock held. */
+static uint32_t find(const char *tag) {
+  if (!index_cap) return 0;
+  for (size_t i = hash_str(tag) & (index_cap - 1); index_slots[i]; i = (i + 1) & (index_cap - 1))
+    if (!strcmp(names[index_slots[i]], tag)) return index_slots[i];
+  return 0;
+}
+
+uint32_t vmm_tag_lookup(const char *name, bool *known) {
+  pthread_mutex_lock(&intern_lock);
+  uint32_t id = find(name);
+  pthread_mutex_unlock(&intern_lock);
+  *known = id != 0;
+  return id;
+}
+
 /* Returns the id of the tag, interning it; 0 if out of memory. */
 static uint32_t intern(const char *tag) {
   pthread_mutex_lock(&intern_lock);
-  uint32_t id = 0;
-  if (index_cap) {
-    for (size_t i = hash_str(tag) & (index_cap - 1); index_slots[i]; i = (i + 1) & (index_cap - 1)) {
-      if (!strcmp(names[index_slots[i]], tag)) {
-        id = index_slots[i];
-        goto out;
-      }
-    }
-  }
+  uint32_t id = find(tag);
+  if (id) goto out;
   if ((name_count + 1) * 2 > index_cap && index_grow()) goto out;
   if (name_count >= name_cap) { /* ids start at 1, so the first tag finds name_count 1 > name_cap 0 */
     uint32_t cap = name_cap ? name_cap * 2 : 64;

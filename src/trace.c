@@ -11,7 +11,8 @@ struct vmm_trace_writer {
   uint64_t start_ns; /* vmm_now_ns() at open: lines carry times since then */
 };
 
-static const char *const op_names[] = {"alloc", "free", "begin", "finish", "abort"};
+static const char *const op_names[VMM_TRACE_OP_COUNT] = {"alloc",  "free",          "begin",        "finish",
+                                                          "abort", "pause-discard", "pause-backup", "resume"};
 static const char *const kind_names[] = {"package", "transient"};
 
 static int tag_byte_plain(unsigned char c) { return c > 0x20 && c < 0x7f && c != '%'; }
@@ -27,7 +28,7 @@ size_t vmm_trace_format(const vmm_trace_record *r, char *buf, size_t cap) {
   else if (n == 1 && tag[0] == '-') n = (size_t)snprintf(tag, sizeof tag, "%%2D"); /* the tag "-", not "none" */
   tag[n] = '\0';
   const char *kind = r->kind >= 0 && r->kind < VMM_KIND_COUNT ? kind_names[r->kind] : "-";
-  const char *op = (unsigned)r->op < 5 ? op_names[r->op] : "?";
+  const char *op = (unsigned)r->op < VMM_TRACE_OP_COUNT ? op_names[r->op] : "?";
   int len = snprintf(buf, cap, "%llu %s %s %llu %llu 0x%llx 0x%llx %s %s\n", (unsigned long long)r->t_ns, op, kind,
                      (unsigned long long)r->requested, (unsigned long long)r->rounded, (unsigned long long)r->ptr,
                      (unsigned long long)r->stream, tag, vmm_status_name((vmm_status)r->result));
@@ -137,7 +138,7 @@ int vmm_trace_parse_line(const char *line, size_t len, vmm_trace_record *rec, co
   memset(rec, 0, sizeof *rec);
   if (parse_u64(s, n, 10, &rec->t_ns)) BAD("time is not a decimal number");
   n = field(&c, &s);
-  int op = match(s, n, op_names, 5);
+  int op = match(s, n, op_names, VMM_TRACE_OP_COUNT);
   if (op < 0) BAD("unknown operation (alloc, free, begin, finish, abort)");
   rec->op = (vmm_trace_op)op;
   n = field(&c, &s);

@@ -267,6 +267,7 @@ typedef struct handle {
   int device;
   int released;
   size_t mappings;
+  unsigned char *data; /* contents, allocated on the first write; NULL reads as zeros */
 } handle;
 
 typedef struct mapping {
@@ -413,6 +414,7 @@ static uintptr_t prop_device(const CUmemAllocationProp *prop) { return prop ? (u
 
 static void free_handle(handle *h) {
   fk.physical_used[h->device] -= h->size;
+  free(h->data);
   free(h);
 }
 
@@ -446,6 +448,36 @@ static CUresult check_mapped_run(CUdeviceptr ptr, size_t size, mapping **first) 
     run = next;
   }
   *first = m;
+  return CUDA_SUCCESS;
+}
+
+/* Copies between host memory and the mapped device range [ptr, ptr+n), mapping by mapping
+ * (to_device: host -> device). Every byte must be mapped with access granted. */
+static CUresult copy_mapped(CUdeviceptr ptr, void *host, size_t n, int to_device) {
+  unsigned long long p = ptr;
+  if (!host || n == 0 || n > UINT64_MAX - ptr) return misuse(CUDA_ERROR_INVALID_VALUE, "bad copy 0x%llx+%zu", p, n);
+  unsigned char *at = host;
+  while (n) {
+    mapping *m = mapping_containing(ptr);
+    if (!m) return misuse(CUDA_ERROR_INVALID_VALUE, "copy touches unmapped 0x%llx", (unsigned long long)ptr);
+    if (!m->access) return misuse(CUDA_ERROR_INVALID_VALUE, "copy touches 0x%llx with no access granted", (unsigned long long)ptr);
+    size_t off = (size_t)(ptr - m->node.key), len = m->size - off < n ? m->size - off : n;
+    handle *h = m->handle;
+    if (to_device) {
+      size_t nonzero = 0;
+      while (!h->data && nonzero < len && !at[nonzero]) nonzero++;
+      if (!h->data && nonzero == len) { /* zeros over zeros: keep reading as zeros */
+      } else {
+        if (!h->data) h->data = xcalloc(1, h->size);
+        memcpy(h->data + off, at, len);
+      }
+    } else if (h->data) {
+      memcpy(at, h->data + off, len);
+    } else {
+      memset(at, 0, len);
+    }
+    at += len, ptr += len, n -= len;
+  }
   return CUDA_SUCCESS;
 }
 
@@ -870,6 +902,16 @@ static CUresult drv_event_destroy(CUevent event) { FAKE_CALL(event_destroy, even
 static CUresult drv_host_memory_available(size_t *bytes) {
   FAKE_CALL(host_memory_available, 0, 0, do_host_memory_available(bytes));
 }
+static CUresult do_mem_cpy(CUdeviceptr ptr, void *host, size_t n, int to_device) {
+  CUresult r = check_stream_usable(NULL); /* a synchronous copy runs on the legacy stream */
+  return r != CUDA_SUCCESS ? r : copy_mapped(ptr, host, n, to_device);
+}
+static CUresult drv_mem_cpy_dtoh(void *dst, CUdeviceptr src, size_t bytes) {
+  FAKE_CALL(mem_cpy_dtoh, src, bytes, do_mem_cpy(src, dst, bytes, 0));
+}
+static CUresult drv_mem_cpy_htod(CUdeviceptr dst, const void *src, size_t bytes) {
+  FAKE_CALL(mem_cpy_htod, dst, bytes, do_mem_cpy(dst, (void *)(uintptr_t)src, bytes, 1));
+}
 
 /* Filled from the X-macro, so a missing entry point fails to compile. */
 static const struct vmm_driver fake_table = {
@@ -1034,6 +1076,20 @@ size_t fake_calls_since(size_t from, vmm_driver_entry entry) {
   for (size_t i = from; i < fk.log_len; i++) n += fk.log[i].entry == entry;
   pthread_mutex_unlock(&fk_lock);
   return n;
+}
+
+int fake_write(CUdeviceptr ptr, const void *src, size_t n) {
+  pthread_mutex_lock(&fk_lock);
+  int rc = copy_mapped(ptr, (void *)(uintptr_t)src, n, 1) == CUDA_SUCCESS ? 0 : -1;
+  pthread_mutex_unlock(&fk_lock);
+  return rc;
+}
+
+int fake_read(CUdeviceptr ptr, void *dst, size_t n) {
+  pthread_mutex_lock(&fk_lock);
+  int rc = copy_mapped(ptr, dst, n, 0) == CUDA_SUCCESS ? 0 : -1;
+  pthread_mutex_unlock(&fk_lock);
+  return rc;
 }
 
 size_t fake_mapped_size_at(CUdeviceptr ptr) {

@@ -84,6 +84,10 @@ size_t fake_calls_since(size_t from, vmm_driver_entry entry);
 /* Handles and the physical memory they hold, for checks: bytes of handle backing `ptr`
  * through a mapping, 0 if unmapped. */
 size_t fake_mapped_size_at(CUdeviceptr ptr);
+/* What a kernel would write or read: contents of the mapped range [ptr, ptr+n) (0, or -1 if
+ * some byte is unmapped or has no access; a failed read or write counts as misuse). */
+int fake_write(CUdeviceptr ptr, const void *src, size_t n);
+int fake_read(CUdeviceptr ptr, void *dst, size_t n);
 /* Whether device `dev` was given access to the mapping at ptr. */
 int fake_access_granted(CUdeviceptr ptr, int dev);
 

@@ -21,7 +21,7 @@
 extern "C" {
 #endif
 
-#define VMM_DRIVER_VERSION 1
+#define VMM_DRIVER_VERSION 2 /* 2: mem_cpy_dtoh, mem_cpy_htod appended */
 
 /* CUresult cuInit(unsigned int flags); */
 typedef CUresult (*vmm_drv_init_fn)(unsigned int flags);
@@ -89,6 +89,12 @@ typedef CUresult (*vmm_drv_event_destroy_fn)(CUevent event);
 /* Not a CUDA call: host memory available for new allocations (Linux MemAvailable), in bytes.
  * CUresult host_memory_available(size_t *bytes); CUDA_ERROR_NOT_SUPPORTED where it is unknown. */
 typedef CUresult (*vmm_drv_host_memory_available_fn)(size_t *bytes);
+/* CUresult cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t bytes): synchronous copy to host
+ * memory (pause with VMM_PAUSE_BACKUP). Since version 2. */
+typedef CUresult (*vmm_drv_mem_cpy_dtoh_fn)(void *dst, CUdeviceptr src, size_t bytes);
+/* CUresult cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t bytes): synchronous copy from
+ * host memory (resume of a backup). Since version 2. */
+typedef CUresult (*vmm_drv_mem_cpy_htod_fn)(CUdeviceptr dst, const void *src, size_t bytes);
 
 /* X-macro of every entry point: X(field, cuda_symbol). Order = field order in the table. */
 #define VMM_DRIVER_ENTRY_POINTS(X)                                     \
@@ -119,7 +125,9 @@ typedef CUresult (*vmm_drv_host_memory_available_fn)(size_t *bytes);
   X(event_create, "cuEventCreate")                                     \
   X(event_record, "cuEventRecord")                                     \
   X(event_destroy, "cuEventDestroy")                                   \
-  X(host_memory_available, "host_memory_available")
+  X(host_memory_available, "host_memory_available")                    \
+  X(mem_cpy_dtoh, "cuMemcpyDtoH")                                      \
+  X(mem_cpy_htod, "cuMemcpyHtoD")
 
 /* Index of each entry point, for per-entry-point counters and fault injection. */
 typedef enum vmm_driver_entry {
@@ -160,6 +168,8 @@ struct vmm_driver {
   vmm_drv_event_record_fn event_record;                          /* cuEventRecord */
   vmm_drv_event_destroy_fn event_destroy;                        /* cuEventDestroy */
   vmm_drv_host_memory_available_fn host_memory_available;        /* /proc/meminfo MemAvailable */
+  vmm_drv_mem_cpy_dtoh_fn mem_cpy_dtoh;                          /* cuMemcpyDtoH (version 2) */
+  vmm_drv_mem_cpy_htod_fn mem_cpy_htod;                          /* cuMemcpyHtoD (version 2) */
 };
 
 /* Name of an entry point as the driver spells it ("cuMemCreate"). */

@@ -3,7 +3,8 @@
  *   vmmtrace 1                                  first line: format name and version
  *   <t_ns> <op> <kind> <requested> <rounded> <ptr> <stream> <tag> <result>
  *
- * t_ns: nanoseconds since the trace started; op: alloc | free | begin | finish | abort;
+ * t_ns: nanoseconds since the trace started; op: alloc | free | begin | finish | abort |
+ * pause-discard | pause-backup | resume (pause and resume: rounded = bytes affected, tag = the tag);
  * kind: package | transient | - (scope ops, and a failed alloc or free that has no kind);
  * requested and rounded: decimal bytes (0 for scope ops);
  * ptr and stream: 0x-prefixed hex; tag: the tag with '%', ' ', control bytes and bytes >= 0x7f
@@ -26,8 +27,12 @@ typedef enum vmm_trace_op {
   VMM_TRACE_FREE,
   VMM_TRACE_BEGIN,
   VMM_TRACE_FINISH,
-  VMM_TRACE_ABORT
+  VMM_TRACE_ABORT,
+  VMM_TRACE_PAUSE_DISCARD,
+  VMM_TRACE_PAUSE_BACKUP,
+  VMM_TRACE_RESUME
 } vmm_trace_op;
+#define VMM_TRACE_OP_COUNT 8
 
 #define VMM_TRACE_TAG_MAX 256
 
