@@ -354,8 +354,7 @@ vmm_status vmm_arena_free(vmm_arena *a, void *ptr, CUstream stream) {
     extent = m->extent;
     kind = (int)m->kind;
     tag = m->tag;
-    vmm_paused_free(a, m);
-    a->frees++;
+    if ((st = vmm_paused_free(a, m)) == VMM_OK) a->frees++;
     goto done;
   }
   if (!m || m->state != VMM_MAP_LIVE) {

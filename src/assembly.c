@@ -42,6 +42,30 @@ static void keep_stuck(vmm_arena *a, CUdeviceptr base, size_t size) {
   a->stuck_bytes += size;
 }
 
+size_t vmm_stuck_bytes_in(const vmm_arena *a, CUdeviceptr base, size_t extent) {
+  size_t n = 0;
+  for (size_t k = 0; k < a->stuck_count; k++)
+    if (a->stuck[k].base >= base && a->stuck[k].base < base + extent) n += a->stuck[k].size;
+  return n;
+}
+
+vmm_status vmm_unstick(vmm_arena *a, CUdeviceptr base, size_t extent) {
+  for (size_t k = 0; k < a->stuck_count;) {
+    vmm_reservation s = a->stuck[k];
+    if (s.base < base || s.base >= base + extent) {
+      k++;
+      continue;
+    }
+    CUresult r = VMM_DRV(a, mem_unmap, s.base, s.size);
+    if (r != CUDA_SUCCESS)
+      return vmm_fail_driver(a, r, VMM_DRV_mem_unmap, "unmapping 0x%llx+%zu, left mapped by an earlier failure",
+                             (unsigned long long)s.base, s.size);
+    a->stuck[k] = a->stuck[--a->stuck_count];
+    a->stuck_bytes -= s.size;
+  }
+  return VMM_OK;
+}
+
 void vmm_free_range_unless_stuck(vmm_arena *a, CUdeviceptr base, size_t extent, uint32_t reservation,
                                  size_t first_stuck) {
   CUdeviceptr at = base, end = base + extent;
@@ -328,7 +352,7 @@ vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode 
   if ((st = create_handles(a, req, fresh, n_new)) != VMM_OK) goto undo_range;
   if ((st = unmap_apart(a, &p)) != VMM_OK) goto undo_created;
   /* 6. map and grant access */
-  memcpy(slots, p.use, p.n_idle * sizeof *p.use);
+  if (p.n_idle) memcpy(slots, p.use, p.n_idle * sizeof *p.use);
   vmm_driver_entry failed = VMM_DRV_mem_map;
   size_t first_stuck = a->stuck_count;
   CUresult r = vmm_map_handles(a, m->base, slots, p.n_idle + n_new, extent, &failed);

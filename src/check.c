@@ -39,14 +39,15 @@ int vmm_arena_check(vmm_arena *a, char *why, size_t cap) {
         goto out;
       }
     }
-    if (m->state == VMM_MAP_PAUSED) {
-      if (m->handle_count) {
-        snprintf(tmp, sizeof tmp, "paused mapping 0x%llx holds %u handles", (unsigned long long)m->base, m->handle_count);
-        goto out;
-      }
+    if (m->state == VMM_MAP_PAUSED && !m->handle_count) {
+      paused += m->extent - vmm_stuck_bytes_in(a, m->base, m->extent); /* a failed resume's leftovers */
       k[m->kind].paused_count++, k[m->kind].paused_bytes += m->extent;
-      paused += m->extent;
       continue;
+    }
+    if (m->state == VMM_MAP_PAUSED && !m->backup) { /* mapped again only to take its backup back */
+      snprintf(tmp, sizeof tmp, "paused mapping 0x%llx holds %u handles but no backup", (unsigned long long)m->base,
+               m->handle_count);
+      goto out;
     }
     size_t sum = 0;
     for (uint32_t p = 0; p < m->handle_count; p++) sum += m->handles[p]->size;
@@ -61,6 +62,7 @@ int vmm_arena_check(vmm_arena *a, char *why, size_t cap) {
     switch (m->state) {
     case VMM_MAP_POOLED: ks->pooled_count++, ks->pooled_bytes += m->extent; break;
     case VMM_MAP_ABANDONED: ks->abandoned_count++, ks->abandoned_bytes += m->extent; break;
+    case VMM_MAP_PAUSED: ks->paused_count++, ks->paused_bytes += m->extent; break;
     default: ks->live_count++, ks->live_bytes += m->extent; break;
     }
   }

@@ -384,6 +384,10 @@ VMM_INTERNAL vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_a
  * whose undo unmap fails is kept stuck). *failed names the entry point that failed. */
 VMM_INTERNAL CUresult vmm_map_handles(vmm_arena *a, CUdeviceptr base, vmm_handle *const *h, uint32_t n, size_t extent,
                                       vmm_driver_entry *failed);
+/* Bytes of stuck pieces inside [base, base + extent). */
+VMM_INTERNAL size_t vmm_stuck_bytes_in(const vmm_arena *a, CUdeviceptr base, size_t extent);
+/* Unmaps the stuck pieces inside [base, base + extent) (a paused range about to be resumed). */
+VMM_INTERNAL vmm_status vmm_unstick(vmm_arena *a, CUdeviceptr base, size_t extent);
 /* Returns [base, base + extent) to the free list except the stuck pieces recorded from index
  * first_stuck on. */
 VMM_INTERNAL void vmm_free_range_unless_stuck(vmm_arena *a, CUdeviceptr base, size_t extent, uint32_t reservation,
@@ -395,8 +399,8 @@ VMM_INTERNAL void vmm_free_range_unless_stuck(vmm_arena *a, CUdeviceptr base, si
 VMM_INTERNAL size_t vmm_handle_bound(const vmm_arena *a);
 
 /* ---- Pause (pause.c) ---------------------------------------------------------------- */
-/* Frees a paused allocation: no driver call (it holds no memory); its range returns. */
-VMM_INTERNAL void vmm_paused_free(vmm_arena *a, vmm_mapping *m);
+/* Frees a paused allocation: no driver call where it holds no memory; its range returns. */
+VMM_INTERNAL vmm_status vmm_paused_free(vmm_arena *a, vmm_mapping *m);
 
 /* ---- Scope helpers (scope.c) --------------------------------------------------------- */
 VMM_INTERNAL bool vmm_scope_aborted(const vmm_arena *a, uint64_t scope_id);

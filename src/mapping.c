@@ -18,6 +18,7 @@ vmm_mapping *vmm_mapping_new(uint32_t handles) {
 
 void vmm_mapping_free(vmm_mapping *m) {
   if (!m) return;
+  free(m->backup);
   if (m->handles != &m->first) free(m->handles);
   free(m);
 }
@@ -85,7 +86,6 @@ vmm_status vmm_mapping_retire(vmm_arena *a, vmm_mapping *m, bool retain, const c
 }
 
 void vmm_mapping_destroy_record(vmm_arena *a, vmm_mapping *m) {
-  free(m->backup);
   CUresult r = m->handle_count ? VMM_DRV(a, mem_unmap, m->base, m->extent) : CUDA_SUCCESS; /* paused: nothing mapped */
   if (r != CUDA_SUCCESS)
     vmm_log(1, a->cfg.log_level, "vmmarena: destroy: cuMemUnmap(0x%llx, %zu) failed: %s", (unsigned long long)m->base,

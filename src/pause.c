@@ -86,6 +86,19 @@ static vmm_status refuse_capture(vmm_arena *a, const char *call, const char *tag
                   call, label(tag, t), (void *)stream, (unsigned long long)base);
 }
 
+/* Refuses (VMM_ERR_SCOPE_STATE) while `stream` captures a CUDA graph, or the legacy stream
+ * would join a capture; a failed query is a driver error. */
+static vmm_status check_not_capturing(vmm_arena *a, const char *call, const char *tag, CUstream stream, CUdeviceptr base) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult r = VMM_DRV(a, stream_is_capturing, stream, &status);
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || (r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE))
+    return refuse_capture(a, call, tag, stream, base);
+  if (r == CUDA_SUCCESS) return VMM_OK;
+  char t[300];
+  return vmm_fail_driver(a, r, VMM_DRV_stream_is_capturing, "%s(%s): reading the capture state of stream %p; nothing changed",
+                         call, label(tag, t), (void *)stream);
+}
+
 static bool can_copy(const vmm_arena *a) { return a->drv->version >= 2 && a->drv->mem_cpy_dtoh && a->drv->mem_cpy_htod; }
 
 /* After the unmap: m's handles become idle (inside a scope) or are released; m keeps its
@@ -162,15 +175,9 @@ vmm_status vmm_arena_pause(vmm_arena *a, const char *tag, vmm_pause_mode mode) {
   }
   if (a->deferred_head) vmm_process_deferred(a);
   if ((st = prepare(a, "pause", tag, VMM_MAP_LIVE, &list, &n, &id)) != VMM_OK) goto out;
-  if (mode == VMM_PAUSE_BACKUP && vmm_stream_capturing(a, NULL)) {
-    st = refuse_capture(a, "pause", tag, NULL, list[0]->base);
-    goto out;
-  }
+  if (mode == VMM_PAUSE_BACKUP && (st = check_not_capturing(a, "pause", tag, NULL, list[0]->base)) != VMM_OK) goto out;
   for (size_t i = 0; i < n; i++)
-    if (vmm_stream_capturing(a, list[i]->stream)) {
-      st = refuse_capture(a, "pause", tag, list[i]->stream, list[i]->base);
-      goto out;
-    }
+    if ((st = check_not_capturing(a, "pause", tag, list[i]->stream, list[i]->base)) != VMM_OK) goto out;
   for (size_t i = 0; i < n; i++) { /* each stream once: work in flight may still use the memory */
     bool seen = false;
     for (size_t j = 0; j < i && !seen; j++) seen = list[j]->stream == list[i]->stream;
@@ -199,25 +206,25 @@ out:
   return st;
 }
 
-/* Resumes one paused allocation: memory mapped back into its range, then its backup. */
+/* Resumes one paused allocation: memory mapped back into its range, then its backup. A
+ * failed copy leaves it paused but mapped, with its backup: a retry only copies again. */
 static vmm_status resume_one(vmm_arena *a, vmm_mapping *m) {
-  vmm_request req = {m->extent, m->extent, m->kind, m->stream, m->tag};
-  bool assemble = vmm_retaining(a) && a->cfg.reuse != VMM_REUSE_NONE &&
-                  (m->kind == VMM_KIND_TRANSIENT || a->cfg.package_assembly);
-  vmm_mapping *out;
-  vmm_status st = vmm_assemble(a, &req, assemble ? VMM_ASSEMBLE_EXACT : VMM_ASSEMBLE_NEW, m, &out);
-  if (st != VMM_OK) return st;
+  if (!m->handle_count) {
+    vmm_status st = vmm_unstick(a, m->base, m->extent);
+    if (st != VMM_OK) return st;
+    vmm_request req = {m->extent, m->extent, m->kind, m->stream, m->tag};
+    bool assemble = vmm_retaining(a) && a->cfg.reuse != VMM_REUSE_NONE &&
+                    (m->kind == VMM_KIND_TRANSIENT || a->cfg.package_assembly);
+    vmm_mapping *out;
+    st = vmm_assemble(a, &req, assemble ? VMM_ASSEMBLE_EXACT : VMM_ASSEMBLE_NEW, m, &out);
+    if (st != VMM_OK) return st;
+  }
   if (m->backup) {
     CUresult r = VMM_DRV(a, mem_cpy_htod, m->base, m->backup, m->extent);
     if (r != CUDA_SUCCESS) {
       char b[32];
-      st = vmm_fail_driver(a, r, VMM_DRV_mem_cpy_htod, "copying the backup of %s back to 0x%llx",
-                           vmm_fmt_bytes(m->extent, b), (unsigned long long)m->base);
-      char cause[sizeof a->last_error];
-      memcpy(cause, a->last_error, sizeof cause);
-      if (vmm_mapping_unmap(a, m, "undoing a resume") == VMM_OK) (void)drop_handles(a, m);
-      memcpy(a->last_error, cause, sizeof cause);
-      return st; /* still paused, its backup kept (or, if the undo unmap failed, mapped: see the snapshot) */
+      return vmm_fail_driver(a, r, VMM_DRV_mem_cpy_htod, "copying the backup of %s back to 0x%llx",
+                             vmm_fmt_bytes(m->extent, b), (unsigned long long)m->base);
     }
     free(m->backup);
     m->backup = NULL;
@@ -237,7 +244,10 @@ vmm_status vmm_arena_resume(vmm_arena *a, const char *tag) {
   if (a->deferred_head) vmm_process_deferred(a);
   vmm_status st = prepare(a, "resume", tag, VMM_MAP_PAUSED, &list, &n, &id);
   for (size_t i = 0; st == VMM_OK && i < n; i++)
-    if (list[i]->backup && vmm_stream_capturing(a, NULL)) st = refuse_capture(a, "resume", tag, NULL, list[i]->base);
+    if (list[i]->backup) {
+      st = check_not_capturing(a, "resume", tag, NULL, list[i]->base);
+      break;
+    }
   for (size_t i = 0; i < n && st == VMM_OK; i++) {
     st = resume_one(a, list[i]);
     if (st == VMM_OK) resumed++, bytes += list[i]->extent;
@@ -255,11 +265,21 @@ vmm_status vmm_arena_resume(vmm_arena *a, const char *tag) {
   return st;
 }
 
-void vmm_paused_free(vmm_arena *a, vmm_mapping *m) {
+vmm_status vmm_paused_free(vmm_arena *a, vmm_mapping *m) {
+  if (m->handle_count) { /* mapped again, its backup not yet copied back */
+    uint32_t tag = m->tag;
+    size_t extent = m->extent;
+    bool unmapped;
+    vmm_status st = vmm_mapping_retire(a, m, vmm_retaining(a), "free", &unmapped);
+    if (unmapped) vmm_tag_account_paused(a, tag, extent, -1);
+    return st;
+  }
+  vmm_status st = vmm_unstick(a, m->base, m->extent); /* a failed resume's leftovers go first */
+  if (st != VMM_OK) return st;
   vmm_tag_account_paused(a, m->tag, m->extent, -1);
   vmm_stat_add(a, m->kind, m->state, m->extent, -1);
   vmm_table_remove(&a->table, m->base);
   vmm_ranges_free(a, m->base, m->extent, m->reservation);
-  free(m->backup);
   vmm_mapping_free(m);
+  return VMM_OK;
 }
