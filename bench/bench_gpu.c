@@ -145,6 +145,63 @@ static const char *size_name(size_t bytes, char buf[16]) {
   return buf;
 }
 
+/* Assembly cost against the handle count: inside a scope, N idle handles of one granule each
+ * (package memory freed into the idle store) are mapped back to back into one package
+ * allocation and freed again (unmapped, handles idle): N cuMemMap + 1 cuMemSetAccess, then a
+ * synchronize + 1 cuMemUnmap. Compared with a miss pair of the same size outside a scope. */
+static void assembly_costs(size_t granularity, cudaStream_t stream) {
+  static const int counts[] = {1, 4, 16, 64, 256};
+  vmm_config cfg;
+  vmm_config_init(&cfg);
+  cfg.retain = VMM_RETAIN_ON;
+  cfg.handle_bound_bytes = granularity;
+  vmm_arena *a;
+  VMM(vmm_arena_create(&cfg, &a), NULL, 0);
+  printf("\nassembly: median us per package alloc+free pair assembled from N idle handles of %zu MiB\n\n",
+         granularity / MIB);
+  printf("| handles | bytes   | assembled pair | us per handle | miss pair (1 handle) | assembled/miss |\n");
+  printf("|--------:|---------|---------------:|--------------:|---------------------:|---------------:|\n");
+  CUstream s = (CUstream)stream;
+  for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+    int n = counts[k];
+    size_t bytes = (size_t)n * granularity;
+    static double samples[MAX_REPS];
+    const int reps = 50;
+    void *p = NULL;
+    for (int i = 0; i < reps; i++) { /* outside a scope: create, map, grant; unmap, release */
+      double t0 = now_us();
+      VMM(vmm_arena_alloc(a, bytes, VMM_KIND_PACKAGE, s, &p), a, bytes);
+      VMM(vmm_arena_free(a, p, s), a, bytes);
+      samples[i] = now_us() - t0;
+    }
+    double miss = median(samples, reps);
+    VMM(vmm_retention_begin(a), a, bytes);
+    void *handles[256];
+    for (int i = 0; i < n; i++) VMM(vmm_arena_alloc(a, granularity, VMM_KIND_PACKAGE, s, &handles[i]), a, bytes);
+    for (int i = 0; i < n; i++) VMM(vmm_arena_free(a, handles[i], s), a, bytes);
+    vmm_snapshot before, after;
+    VMM(vmm_arena_snapshot(a, &before), a, bytes);
+    for (int i = 0; i < reps; i++) {
+      double t0 = now_us();
+      VMM(vmm_arena_alloc(a, bytes, VMM_KIND_PACKAGE, s, &p), a, bytes);
+      VMM(vmm_arena_free(a, p, s), a, bytes);
+      samples[i] = now_us() - t0;
+    }
+    VMM(vmm_arena_snapshot(a, &after), a, bytes);
+    double assembled = median(samples, reps);
+    if (after.driver[VMM_DRV_mem_create].calls != before.driver[VMM_DRV_mem_create].calls ||
+        after.assemblies - before.assemblies != (uint64_t)reps) {
+      fprintf(stderr, "bench_gpu: assembly of %d handles created memory or did not assemble\n", n);
+      exit(1);
+    }
+    VMM(vmm_retention_finish(a), a, bytes);
+    char name[16];
+    printf("| %7d | %-7s | %14.2f | %13.2f | %20.2f | %14.2f |\n", n, size_name(bytes, name), assembled, assembled / n,
+           miss, assembled / miss);
+  }
+  vmm_arena_destroy(a);
+}
+
 int main(void) {
   ctx c;
   memset(&c, 0, sizeof c);
@@ -219,6 +276,7 @@ int main(void) {
            us[i][M_MISS], us[i][M_RAW], 100.0 * (overhead - 1.0));
   }
   printf("%d of %zu targets met\n", met, 2 * SIZE_COUNT);
+  assembly_costs(granularity, c.stream);
   printf("\narena: %llu pool hits, %llu pool misses, %llu cuMemCreate calls\n", (unsigned long long)snap.pool_hits,
          (unsigned long long)snap.pool_misses, (unsigned long long)snap.driver[VMM_DRV_mem_create].calls);
   vmm_arena_destroy(c.arena);

@@ -116,8 +116,44 @@ static void release(CUstream s, allocation *x, int poison) {
   }
 }
 
+static atomic_ullong pauses, resume_refusals;
+
+/* Pauses this thread's tag and resumes it; every live allocation is checked afterwards by the
+ * caller. Returns the number of live allocations still usable (a resume that keeps failing
+ * for want of memory frees what stayed paused). */
+static int pause_and_resume(CUstream s, const char *tag, allocation *live, int n, int backup) {
+  vmm_status st = vmm_arena_pause(arena, tag, backup ? VMM_PAUSE_BACKUP : VMM_PAUSE_DISCARD);
+  if (st != VMM_OK) {
+    atomic_fetch_add(&other_errors, 1);
+    fprintf(stderr, "soak: pause %s: %s: %s\n", tag, vmm_status_name(st), vmm_arena_last_error(arena));
+    return n;
+  }
+  atomic_fetch_add(&pauses, 1);
+  for (int tries = 0; (st = vmm_arena_resume(arena, tag)) == VMM_ERR_OUT_OF_MEMORY && tries < 50; tries++) {
+    atomic_fetch_add(&resume_refusals, 1);
+    struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+  }
+  if (st == VMM_ERR_OUT_OF_MEMORY) { /* the others hold the budget: free what stayed paused */
+    for (int i = 0; i < n; i++) vmm_arena_free(arena, (void *)(uintptr_t)live[i].ptr, s);
+    return 0;
+  }
+  if (st != VMM_OK) {
+    atomic_fetch_add(&other_errors, 1);
+    fprintf(stderr, "soak: resume %s: %s: %s\n", tag, vmm_status_name(st), vmm_arena_last_error(arena));
+    return n;
+  }
+  if (!backup)
+    for (int i = 0; i < n; i++)
+      cu_ok(cuMemsetD32Async(live[i].ptr, pattern_of(live[i].ptr), live[i].bytes / 4, s), "cuMemsetD32Async (refill)");
+  return n;
+}
+
 static void *worker(void *arg) {
   int id = (int)(intptr_t)arg;
+  char tag[32];
+  snprintf(tag, sizeof tag, "soak-thread-%d", id);
+  vmm_tag_push(tag);
   uint64_t rng = 0x9E3779B97F4A7C15ull * (uint64_t)(id + 1);
   CUstream s = streams[id];
   uint32_t *host = malloc(3 * PROBE);
@@ -151,6 +187,9 @@ static void *worker(void *arg) {
       atomic_fetch_add(&bytes_allocated, x.bytes);
       cu_ok(cuMemsetD32Async(x.ptr, pattern_of(x.ptr), x.bytes / 4, s), "cuMemsetD32Async");
       live[n++] = x;
+    } else if ((r >> 30) % 16 == 0) {
+      n = pause_and_resume(s, tag, live, n, (r >> 34) & 1);
+      for (int i = 0; i < n; i++) check(s, &live[i], host);
     } else {
       int i = (int)((r >> 8) % (uint64_t)n);
       check(s, &live[i], host);
@@ -287,10 +326,13 @@ int main(int argc, char **argv) {
   printf("soak: operations %llu, bytes allocated %.1f GiB, out-of-memory refusals %llu\n",
          (unsigned long long)atomic_load(&operations), (double)atomic_load(&bytes_allocated) / GiB,
          (unsigned long long)atomic_load(&oom_refusals));
-  printf("soak: scopes finished %llu, aborted %llu; pool hits %llu, misses %llu, stitches %llu; peak physical %.1f GiB, "
-         "%.1f GiB held at destroy (%.1f GiB abandoned)\n",
+  printf("soak: scopes finished %llu, aborted %llu; pool hits %llu, misses %llu, assemblies %llu (%llu pooled mappings "
+         "taken apart); pauses %llu (resume refused %llu times); peak physical %.1f GiB, %.1f GiB held at destroy "
+         "(%.1f GiB abandoned)\n",
          scopes_finished, scopes_aborted, (unsigned long long)s.pool_hits, (unsigned long long)s.pool_misses,
-         (unsigned long long)s.stitches, (double)s.physical_peak_bytes / GiB, (double)s.physical_bytes / GiB,
+         (unsigned long long)s.assemblies, (unsigned long long)s.pooled_taken_apart,
+         (unsigned long long)atomic_load(&pauses), (unsigned long long)atomic_load(&resume_refusals),
+         (double)s.physical_peak_bytes / GiB, (double)s.physical_bytes / GiB,
          (double)(s.kind[0].abandoned_bytes + s.kind[1].abandoned_bytes) / GiB);
   printf("soak: mismatches %llu, driver errors %llu, other errors %llu, fatal %s%s%s\n",
          (unsigned long long)atomic_load(&mismatches), (unsigned long long)atomic_load(&driver_errors),
@@ -299,7 +341,8 @@ int main(int argc, char **argv) {
   printf("soak: device free memory %.1f MiB before, %.1f MiB after destroy (difference %lld bytes)\n",
          (double)free_before / MiB, (double)free_after / MiB, free_delta);
   int pass = atomic_load(&mismatches) == 0 && atomic_load(&driver_errors) == 0 && atomic_load(&other_errors) == 0 &&
-             scope_errors == 0 && fatal == VMM_OK && free_delta <= (long long)(2 * MiB) && s.allocs > 0;
+             scope_errors == 0 && fatal == VMM_OK && free_delta <= (long long)(2 * MiB) && s.allocs > 0 &&
+             s.assemblies > 0 && atomic_load(&pauses) > 0; /* the new paths ran */
   printf("%s\n", pass ? "SOAK PASS" : "SOAK FAIL");
   cuDevicePrimaryCtxRelease(dev);
   return pass ? 0 : 1;
