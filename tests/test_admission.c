@@ -8,12 +8,13 @@
 
 #define S TU_STREAM(1)
 
-/* An arena with the given limit and headroom on a fake with these options. */
-static vmm_arena *arena_with(const fake_options *opts, size_t headroom, size_t limit, int stitch) {
+/* An arena with the given limit and headroom on a fake with these options; package
+ * allocations inside a scope are assembled from idle handles where package_assembly is set. */
+static vmm_arena *arena_with(const fake_options *opts, size_t headroom, size_t limit, int package_assembly) {
   vmm_config cfg = tu_config();
   cfg.headroom_bytes = headroom;
   cfg.limit_bytes = limit;
-  cfg.stitch = stitch;
+  cfg.package_assembly = package_assembly;
   return tu_arena(opts, &cfg);
 }
 
@@ -253,25 +254,59 @@ static void limit_zero_is_none(void **state) {
   tu_destroy(a);
 }
 
-/* Retained and pooled memory counts toward the limit, and the message says where it is. */
+/* Retained and pooled memory counts toward the limit, and the message says where it is.
+ * Without package assembly a package request creates all its bytes; with it, the idle
+ * handles cover part of the request and only the rest counts against the limit. */
 static void limit_counts_retained_and_pooled(void **state) {
   (void)state;
-  vmm_arena *a = arena_with(NULL, 0, 12 * MiB, 0);
-  assert_int_equal(vmm_retention_begin(a), VMM_OK);
-  void *pkg = tu_alloc(a, 4 * MiB, VMM_KIND_PACKAGE, S);
-  void *tr = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, S);
-  assert_int_equal(vmm_arena_free(a, pkg, S), VMM_OK); /* retained until finish */
-  assert_int_equal(vmm_arena_free(a, tr, S), VMM_OK);  /* pooled */
-  char r[96];
-  const char *needles[] = {req(r, 8 * MiB, 8 * MiB), "limit 12.0 MiB < 6.0 MiB held + 8.0 MiB requested",
-                           "arena holds 0 B live (package 0 B, transient 0 B), 2.0 MiB pooled, 4.0 MiB retained", NULL};
-  vmm_snapshot s = expect_refusal(a, 8 * MiB, VMM_KIND_PACKAGE, needles);
-  assert_int_equal(s.limit_refusals, 1);
-  assert_int_equal(s.pool_fallbacks, 0);
-  assert_int_equal(vmm_retention_finish(a), VMM_OK);
-  void *p = tu_alloc(a, 8 * MiB, VMM_KIND_PACKAGE, S); /* fits once finish released 6 MiB */
-  assert_int_equal(vmm_arena_free(a, p, S), VMM_OK);
-  tu_destroy(a);
+  for (int assembly = 0; assembly < 2; assembly++) {
+    vmm_arena *a = arena_with(NULL, 0, 12 * MiB, assembly);
+    assert_int_equal(vmm_retention_begin(a), VMM_OK);
+    void *pkg = tu_alloc(a, 4 * MiB, VMM_KIND_PACKAGE, S);
+    void *tr = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, S);
+    assert_int_equal(vmm_arena_free(a, pkg, S), VMM_OK); /* retained until finish */
+    assert_int_equal(vmm_arena_free(a, tr, S), VMM_OK);  /* pooled */
+    const char *holds = "arena holds 0 B live (package 0 B, transient 0 B), 2.0 MiB pooled, 4.0 MiB retained";
+    char r[96];
+    vmm_snapshot s;
+    if (!assembly) {
+      const char *needles[] = {req(r, 8 * MiB, 8 * MiB), "limit 12.0 MiB < 6.0 MiB held + 8.0 MiB requested", holds,
+                               NULL};
+      s = expect_refusal(a, 8 * MiB, VMM_KIND_PACKAGE, needles);
+      assert_int_equal(s.limit_refusals, 1);
+      assert_int_equal(s.pool_fallbacks, 0);
+      assert_int_equal(s.assemblies, 0);
+    } else {
+      /* 16 MiB: the 6 MiB idle cover part of it, the 10 MiB left are refused; the idle
+       * handles stay where they were. */
+      const char *needles[] = {req(r, 16 * MiB, 16 * MiB),
+                               "limit 12.0 MiB < 6.0 MiB held + 10.0 MiB requested (6.0 MiB of the request from idle "
+                               "handles)",
+                               holds, NULL};
+      s = expect_refusal(a, 16 * MiB, VMM_KIND_PACKAGE, needles);
+      assert_int_equal(s.limit_refusals, 1);
+      assert_int_equal(s.assemblies, 0);
+      /* 8 MiB: the package's two idle 2 MiB handles (made in the scope, cut to the bound), the
+       * pooled 2 MiB taken apart, 2 MiB created: 8 MiB held. */
+      size_t from = fake_call_count();
+      void *p = tu_alloc(a, 8 * MiB, VMM_KIND_PACKAGE, S);
+      assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 1);
+      s = tu_snapshot(a);
+      assert_int_equal(s.physical_bytes, 8 * MiB);
+      assert_int_equal(s.kind[VMM_KIND_PACKAGE].live_bytes, 8 * MiB);
+      assert_int_equal(s.assemblies, 1);
+      assert_int_equal(s.assembled_idle_handles, 3);
+      assert_int_equal(s.assembly_created_bytes, 2 * MiB);
+      assert_int_equal(s.pooled_taken_apart, 1);
+      assert_int_equal(s.retained_reusable_handles, 0);
+      assert_int_equal(s.limit_refusals, 1);
+      assert_int_equal(vmm_arena_free(a, p, S), VMM_OK);
+    }
+    assert_int_equal(vmm_retention_finish(a), VMM_OK);
+    void *p = tu_alloc(a, 8 * MiB, VMM_KIND_PACKAGE, S); /* fits once finish released what the scope held */
+    assert_int_equal(vmm_arena_free(a, p, S), VMM_OK);
+    tu_destroy(a);
+  }
 }
 
 /* ---- Driver out of memory ------------------------------------------------------------- */
@@ -295,16 +330,18 @@ static void driver_out_of_memory(void **state) {
 /* ---- The pool fallback inside a retention scope --------------------------------------- */
 
 /* A transient refusal inside the scope hands out a pooled mapping that fits (whatever the reuse
- * policy would pick) instead of failing; package requests never draw from the pool. */
+ * policy would pick) instead of failing; package requests never draw from the pool. The
+ * pooled mapping is one 8 MiB handle created before the scope, so no assembly can use it for
+ * 4 MiB (an idle handle larger than what is left is never used to pad a request). */
 static void refusal_falls_back_to_pool(void **state) {
   (void)state;
   for (int by_headroom = 0; by_headroom < 2; by_headroom++) {
     /* 14 MiB held after the setup; the 4 MiB request is refused by the limit (16 MiB) or
      * by the headroom (20 MiB device, 4 MiB headroom: free 6 MiB < 8 MiB). */
     fake_options opts = {.capacity = 20 * MiB};
-    vmm_arena *a = by_headroom ? arena_with(&opts, 4 * MiB, 0, 0) : arena_with(NULL, 0, 16 * MiB, 0);
-    assert_int_equal(vmm_retention_begin(a), VMM_OK);
+    vmm_arena *a = by_headroom ? arena_with(&opts, 4 * MiB, 0, 1) : arena_with(NULL, 0, 16 * MiB, 1);
     void *big = tu_alloc(a, 8 * MiB, VMM_KIND_TRANSIENT, S);
+    assert_int_equal(vmm_retention_begin(a), VMM_OK);
     assert_int_equal(vmm_arena_free(a, big, S), VMM_OK);
     void *pkg = tu_alloc(a, 6 * MiB, VMM_KIND_PACKAGE, S);
 
@@ -325,8 +362,9 @@ static void refusal_falls_back_to_pool(void **state) {
     const char *fatal = NULL;
     assert_int_equal(vmm_arena_fatal_error(a, &fatal), VMM_OK);
     s = tu_snapshot(a);
-    assert_int_equal(s.pool_misses, 2); /* the first 8 MiB request and this one */
+    assert_int_equal(s.pool_misses, 1); /* this one: the 8 MiB request came before the scope */
     assert_int_equal(s.pool_fallbacks, 1);
+    assert_int_equal(s.assemblies + s.padded_assemblies, 0);
     assert_int_equal(s.pool_hits, 0);
     assert_int_equal(by_headroom ? s.headroom_refusals : s.limit_refusals, 2);
     assert_int_equal(s.retained_reusable_handles, 0);
@@ -340,39 +378,52 @@ static void refusal_falls_back_to_pool(void **state) {
   }
 }
 
-/* Nothing in the pool fits and stitching is off: the refusal keeps its numbers and adds what
- * the pool held. With stitching on, two idle 2 MiB mappings make up a 4 MiB request. */
-static void fallback_finds_nothing_then_stitches(void **state) {
+/* Two idle 2 MiB mappings were freed on a stream that is capturing: an assembly cannot wait
+ * for it, so they cannot be taken apart, and nothing in the pool fits 4 MiB: the refusal
+ * keeps its numbers and adds what the store held. Once the capture is over, the same request
+ * is assembled from the two handles with no new memory and no refusal. */
+static void fallback_finds_nothing_then_assembles(void **state) {
   (void)state;
-  for (int stitch = 0; stitch < 2; stitch++) {
-    vmm_arena *a = arena_with(NULL, 0, 8 * MiB, stitch);
-    assert_int_equal(vmm_retention_begin(a), VMM_OK);
-    void *x = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, S);
-    void *y = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, S);
-    void *pkg = tu_alloc(a, 4 * MiB, VMM_KIND_PACKAGE, S);
-    assert_int_equal(vmm_arena_free(a, x, S), VMM_OK);
-    assert_int_equal(vmm_arena_free(a, y, S), VMM_OK);
-    if (!stitch) {
-      char r[96];
-      const char *needles[] = {req(r, 4 * MiB, 4 * MiB), "limit 8.0 MiB < 8.0 MiB held + 4.0 MiB requested",
-                               "no pooled mapping fits (pool 2 mappings, 4.0 MiB)", NULL};
-      vmm_snapshot s = expect_refusal(a, 4 * MiB, VMM_KIND_TRANSIENT, needles);
-      assert_int_equal(s.limit_refusals, 1);
-      assert_int_equal(s.pool_fallbacks + s.stitches, 0);
-      assert_int_equal(s.retained_reusable_handles, 2);
-    } else {
-      void *p = tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S);
-      vmm_snapshot s = tu_snapshot(a);
-      assert_int_equal(s.stitches, 1);
-      assert_int_equal(s.limit_refusals, 1);
-      assert_int_equal(s.physical_bytes, 8 * MiB);
-      assert_int_equal(s.retained_reusable_handles, 0);
-      assert_int_equal(vmm_arena_free(a, p, S), VMM_OK);
-    }
-    assert_int_equal(vmm_retention_finish(a), VMM_OK);
-    assert_int_equal(vmm_arena_free(a, pkg, S), VMM_OK);
-    tu_destroy(a);
-  }
+  const CUstream S2 = TU_STREAM(2);
+  vmm_arena *a = arena_with(NULL, 0, 8 * MiB, 1);
+  assert_int_equal(vmm_retention_begin(a), VMM_OK);
+  void *x = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, S2);
+  void *y = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, S2);
+  void *pkg = tu_alloc(a, 4 * MiB, VMM_KIND_PACKAGE, S);
+  fake_set_capturing(S2, 1);
+  assert_int_equal(vmm_arena_free(a, x, S2), VMM_OK);
+  assert_int_equal(vmm_arena_free(a, y, S2), VMM_OK);
+  char r[96];
+  const char *needles[] = {req(r, 4 * MiB, 4 * MiB), "limit 8.0 MiB < 8.0 MiB held + 4.0 MiB requested",
+                           "no pooled mapping fits (pool 2 mappings, 4.0 MiB; 0 idle handles, 0 B)", NULL};
+  size_t from = fake_call_count();
+  vmm_snapshot s = expect_refusal(a, 4 * MiB, VMM_KIND_TRANSIENT, needles);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_stream_synchronize), 0); /* never waits on a capture */
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 0);
+  assert_int_equal(s.limit_refusals, 1);
+  assert_int_equal(s.pool_fallbacks + s.assemblies + s.padded_assemblies + s.pooled_taken_apart, 0);
+  assert_int_equal(s.retained_reusable_handles, 2);
+
+  fake_set_capturing(S2, 0);
+  from = fake_call_count();
+  void *p = tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 0);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_stream_synchronize), 1); /* S2, once for both */
+  s = tu_snapshot(a);
+  assert_int_equal(s.assemblies, 1);
+  assert_int_equal(s.pooled_taken_apart, 2);
+  assert_int_equal(s.assembled_idle_handles, 2);
+  assert_int_equal(s.assembly_created_bytes, 0);
+  assert_int_equal(s.limit_refusals, 1);
+  assert_int_equal(s.physical_bytes, 8 * MiB);
+  assert_int_equal(s.retained_reusable_handles, 0);
+  assert_int_equal(fake_mapped_size_at((CUdeviceptr)(uintptr_t)p), 2 * MiB);
+  assert_int_equal(fake_mapped_size_at((CUdeviceptr)(uintptr_t)p + 2 * MiB), 2 * MiB);
+  tu_check(a);
+  assert_int_equal(vmm_arena_free(a, p, S), VMM_OK);
+  assert_int_equal(vmm_retention_finish(a), VMM_OK);
+  assert_int_equal(vmm_arena_free(a, pkg, S), VMM_OK);
+  tu_destroy(a);
 }
 
 /* ---- Failures to read the figure ------------------------------------------------------ */
@@ -432,7 +483,7 @@ int main(void) {
       cmocka_unit_test(limit_counts_retained_and_pooled),
       cmocka_unit_test(driver_out_of_memory),
       cmocka_unit_test(refusal_falls_back_to_pool),
-      cmocka_unit_test(fallback_finds_nothing_then_stitches),
+      cmocka_unit_test(fallback_finds_nothing_then_assembles),
       cmocka_unit_test(host_memory_unreadable),
       cmocka_unit_test(device_free_memory_unreadable),
   };

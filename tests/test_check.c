@@ -76,9 +76,12 @@ static void test_mapping_records(void **state) {
   expect_broken(a, "overlaps a free range");
   m->base += g;
 
-  m->pieces[0].size += g;
-  expect_broken(a, "pieces sum");
-  m->pieces[0].size -= g;
+  m->handles[0]->size += g;
+  expect_broken(a, "handles (1) sum");
+  m->handles[0]->size -= g;
+  m->handle_count = 0;
+  expect_broken(a, "handles (0) sum 0 != extent");
+  m->handle_count = 1;
 
   a->table.count++;
   expect_broken(a, "mapping table counts 2, holds 1");
@@ -221,19 +224,19 @@ static void test_pool(void **state) {
   p[2] = tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, TU_STREAM(0));
   p[3] = tu_alloc(a, 8 * MiB, VMM_KIND_TRANSIENT, TU_STREAM(0));
   for (int i = 0; i < 4; i++) assert_int_equal(vmm_arena_free(a, p[i], TU_STREAM(0)), VMM_OK);
-  assert_int_equal(a->pool.buckets, 3);
-  assert_int_equal(a->pool.count, 4);
+  assert_int_equal(a->store.pool.buckets, 3);
+  assert_int_equal(a->store.pool.count, 4);
   tu_check(a);
-  vmm_bucket *small = vmm_container_of(vmm_avl_find(a->pool.root, 2 * MiB, 0), vmm_bucket, node);
-  assert_ptr_equal(a->pool.root->left, &small->node);
+  vmm_bucket *small = vmm_container_of(vmm_avl_find(a->store.pool.root, 2 * MiB, 0), vmm_bucket, node);
+  assert_ptr_equal(a->store.pool.root->left, &small->node);
   assert_int_equal(small->count, 2);
   vmm_mapping *first = small->head, *second = first->pool_next;
   assert_non_null(second);
 
-  int height = a->pool.root->height;
-  a->pool.root->height = height + 3;
+  int height = a->store.pool.root->height;
+  a->store.pool.root->height = height + 3;
   expect_broken(a, "pool bucket tree unsorted or unbalanced");
-  a->pool.root->height = height;
+  a->store.pool.root->height = height;
 
   small->count = 0;
   expect_broken(a, "empty pool bucket of 2097152 bytes");
@@ -248,9 +251,9 @@ static void test_pool(void **state) {
   second->bucket = NULL;
   expect_broken(a, "misfiled");
   second->bucket = small;
-  second->extent += MiB;
+  small->size += MiB; /* its key unchanged: the tree stays sorted */
   expect_broken(a, "misfiled");
-  second->extent -= MiB;
+  small->size -= MiB;
 
   second->pool_prev = NULL;
   expect_broken(a, "bucket 2097152 list broken");
@@ -260,15 +263,18 @@ static void test_pool(void **state) {
   expect_broken(a, "bucket 2097152 counts 3, holds 2");
   small->count = 2;
 
-  a->pool.buckets++;
+  a->store.pool.buckets++;
   expect_broken(a, "pool totals 4/4/");
-  a->pool.buckets--;
-  a->pool.count++;
+  a->store.pool.buckets--;
+  a->store.pool.count++;
   expect_broken(a, "pool totals");
-  a->pool.count--;
-  a->pool.bytes++;
+  a->store.pool.count--;
+  a->store.pool.bytes++;
   expect_broken(a, "pool totals");
-  a->pool.bytes--;
+  a->store.pool.bytes--;
+  a->store.pool.handles++;
+  expect_broken(a, "pool totals");
+  a->store.pool.handles--;
   tu_check(a);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   tu_destroy(a);

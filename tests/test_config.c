@@ -16,14 +16,15 @@ static void assert_has_at(const char *text, const char *needle, const char *file
 
 /* Every variable the parser reads; all are unset before and after each test. */
 static const char *const variables[] = {
-    "VMMARENA_REUSE",  "VMMARENA_STITCH", "VMMARENA_RESERVE",     "VMMARENA_HEADROOM", "VMMARENA_LIMIT",
-    "VMMARENA_RETAIN", "VMMARENA_LOG",    "VMMARENA_PEER_ACCESS", "VMMARENA_TRACE",
+    "VMMARENA_REUSE",  "VMMARENA_RESERVE", "VMMARENA_HEADROOM",    "VMMARENA_LIMIT",        "VMMARENA_RETAIN",
+    "VMMARENA_LOG",    "VMMARENA_PEER_ACCESS", "VMMARENA_TRACE", "VMMARENA_HANDLE_BOUND", "VMMARENA_PACKAGE_ASSEMBLY",
 };
 #define VARIABLE_COUNT (sizeof variables / sizeof variables[0])
 
 static int unset_all(void **state) {
   (void)state;
   for (size_t i = 0; i < VARIABLE_COUNT; i++) unsetenv(variables[i]);
+  unsetenv("VMMARENA_STITCH"); /* retired: every value is a usage error */
   return 0;
 }
 
@@ -113,7 +114,8 @@ static void defaults(void **state) {
   assert_int_equal(cfg.device, 0);
   assert_int_equal(cfg.reuse, VMM_REUSE_EXACT);
   assert_true(cfg.reuse_bound == 1.0);
-  assert_int_equal(cfg.stitch, 1);
+  assert_int_equal(cfg.handle_bound_bytes, 0); /* the arena chooses */
+  assert_int_equal(cfg.package_assembly, 1);
   assert_int_equal(cfg.reserve_bytes, (size_t)256 << 30);
   assert_int_equal(cfg.headroom_bytes, 0);
   assert_int_equal(cfg.limit_bytes, 0);
@@ -146,9 +148,11 @@ static void is_bounded_1_5(const vmm_config *c) {
 }
 static void is_best_fit(const vmm_config *c) { assert_int_equal(c->reuse, VMM_REUSE_BEST_FIT); }
 static void is_reuse_none(const vmm_config *c) { assert_int_equal(c->reuse, VMM_REUSE_NONE); }
-static void stitch_on(const vmm_config *c) { assert_int_equal(c->stitch, 1); }
-static void stitch_off(const vmm_config *c) { assert_int_equal(c->stitch, 0); }
-static void stitch_eager(const vmm_config *c) { assert_int_equal(c->stitch, VMM_STITCH_EAGER); }
+static void bound_auto(const vmm_config *c) { assert_int_equal(c->handle_bound_bytes, 0); }
+static void bound_64m(const vmm_config *c) { assert_int_equal(c->handle_bound_bytes, 64 * MiB); }
+static void bound_3m(const vmm_config *c) { assert_int_equal(c->handle_bound_bytes, 3 * MiB); }
+static void package_assembly_on(const vmm_config *c) { assert_int_equal(c->package_assembly, 1); }
+static void package_assembly_off(const vmm_config *c) { assert_int_equal(c->package_assembly, 0); }
 static void reserve_8g(const vmm_config *c) { assert_int_equal(c->reserve_bytes, (size_t)8 << 30); }
 static void reserve_64m(const vmm_config *c) { assert_int_equal(c->reserve_bytes, (size_t)64 << 20); }
 static void headroom_1_5g(const vmm_config *c) { assert_int_equal(c->headroom_bytes, (size_t)3 << 29); }
@@ -174,13 +178,16 @@ static const good_case good_cases[] = {
     {"VMMARENA_REUSE", "bounded:1.5", is_bounded_1_5},
     {"VMMARENA_REUSE", "best-fit", is_best_fit},
     {"VMMARENA_REUSE", "none", is_reuse_none},
-    {"VMMARENA_STITCH", "on", stitch_on},
-    {"VMMARENA_STITCH", "1", stitch_on},
-    {"VMMARENA_STITCH", "TRUE", stitch_on},
-    {"VMMARENA_STITCH", "off", stitch_off},
-    {"VMMARENA_STITCH", "0", stitch_off},
-    {"VMMARENA_STITCH", "false", stitch_off},
-    {"VMMARENA_STITCH", "eager", stitch_eager},
+    {"VMMARENA_HANDLE_BOUND", "auto", bound_auto},
+    {"VMMARENA_HANDLE_BOUND", "AUTO", bound_auto},
+    {"VMMARENA_HANDLE_BOUND", "64M", bound_64m},
+    {"VMMARENA_HANDLE_BOUND", "3MiB", bound_3m}, /* the arena rounds it up to its granularity */
+    {"VMMARENA_PACKAGE_ASSEMBLY", "on", package_assembly_on},
+    {"VMMARENA_PACKAGE_ASSEMBLY", "1", package_assembly_on},
+    {"VMMARENA_PACKAGE_ASSEMBLY", "TRUE", package_assembly_on},
+    {"VMMARENA_PACKAGE_ASSEMBLY", "off", package_assembly_off},
+    {"VMMARENA_PACKAGE_ASSEMBLY", "0", package_assembly_off},
+    {"VMMARENA_PACKAGE_ASSEMBLY", "false", package_assembly_off},
     {"VMMARENA_RESERVE", "8G", reserve_8g},
     {"VMMARENA_RESERVE", "64MiB", reserve_64m},
     {"VMMARENA_HEADROOM", "1.5G", headroom_1_5g},
@@ -215,7 +222,11 @@ static const bad_case bad_cases[] = {
     {"VMMARENA_REUSE", "bounded:nan", "F >= 1"},
     {"VMMARENA_REUSE", "fast", "expected exact, bounded:F (F >= 1), best-fit or none"},
     {"VMMARENA_REUSE", "", "expected exact"},
-    {"VMMARENA_STITCH", "maybe", "expected on, off or eager"},
+    {"VMMARENA_HANDLE_BOUND", "0", "must be greater than zero"},
+    {"VMMARENA_HANDLE_BOUND", "big", "a size starts with a digit"},
+    {"VMMARENA_HANDLE_BOUND", "-2M", "negative size"},
+    {"VMMARENA_PACKAGE_ASSEMBLY", "maybe", "expected on or off"},
+    {"VMMARENA_PACKAGE_ASSEMBLY", "", "expected on or off"},
     {"VMMARENA_RESERVE", "0", "must be greater than zero"},
     {"VMMARENA_RESERVE", "-1", "negative size"},
     {"VMMARENA_RESERVE", "8X", "unexpected characters"},
@@ -241,7 +252,8 @@ static vmm_config start_config(void) {
   vmm_config_init(&cfg);
   cfg.device = 3;
   cfg.reuse = VMM_REUSE_BEST_FIT;
-  cfg.stitch = 0;
+  cfg.handle_bound_bytes = 5 * MiB;
+  cfg.package_assembly = 0;
   cfg.reserve_bytes = 123 * MiB;
   cfg.headroom_bytes = 7 * MiB;
   cfg.limit_bytes = 9 * MiB;
@@ -351,7 +363,8 @@ static void env_all_or_nothing(void **state) {
   assert_memory_equal(&before, &cfg, sizeof cfg);
 
   setenv("VMMARENA_REUSE", "bounded:2", 1);
-  setenv("VMMARENA_STITCH", "on", 1);
+  setenv("VMMARENA_HANDLE_BOUND", "64M", 1);
+  setenv("VMMARENA_PACKAGE_ASSEMBLY", "on", 1);
   setenv("VMMARENA_RESERVE", "8G", 1);
   setenv("VMMARENA_HEADROOM", "1.5G", 1);
   setenv("VMMARENA_LIMIT", "40G", 1);
@@ -361,7 +374,8 @@ static void env_all_or_nothing(void **state) {
   setenv("VMMARENA_LOG", "debug", 1);
   assert_int_equal(vmm_config_from_env(&cfg), VMM_OK);
   is_bounded_2(&cfg);
-  stitch_on(&cfg);
+  bound_64m(&cfg);
+  package_assembly_on(&cfg);
   reserve_8g(&cfg);
   headroom_1_5g(&cfg);
   limit_40g(&cfg);
@@ -379,12 +393,37 @@ static void env_all_or_nothing(void **state) {
   assert_int_equal(vmm_config_from_env(NULL), VMM_ERR_INVALID_ARGUMENT);
 }
 
+/* VMMARENA_STITCH was retired with stitching: every value, by either name or from the
+ * environment, is a usage error that says so, and nothing changes. */
+static void stitch_is_retired(void **state) {
+  (void)state;
+  static const char *const values[] = {"on", "off", "eager", "1", ""};
+  for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
+    const bad_case c = {"VMMARENA_STITCH", values[i], "retired"};
+    const char *names[] = {"VMMARENA_STITCH", "stitch"};
+    for (int n = 0; n < 2; n++) {
+      vmm_config cfg = start_config(), before;
+      memcpy(&before, &cfg, sizeof cfg);
+      assert_int_equal(vmm_config_set(&cfg, names[n], values[i]), VMM_ERR_INVALID_ARGUMENT);
+      expect_unchanged_with_error(&before, &cfg, &c);
+      assert_has(vmm_config_error(), "unset it");
+    }
+    assert_int_equal(setenv("VMMARENA_STITCH", values[i], 1), 0);
+    vmm_config cfg = start_config(), before;
+    memcpy(&before, &cfg, sizeof cfg);
+    assert_int_equal(vmm_config_from_env(&cfg), VMM_ERR_INVALID_ARGUMENT);
+    expect_unchanged_with_error(&before, &cfg, &c);
+    unsetenv("VMMARENA_STITCH");
+  }
+}
+
 /* Values from the environment take effect in an arena: reservation size and limit. */
 static void env_config_drives_an_arena(void **state) {
   (void)state;
   setenv("VMMARENA_RESERVE", "8M", 1);
   setenv("VMMARENA_LIMIT", "4M", 1);
   setenv("VMMARENA_LOG", "off", 1);
+  setenv("VMMARENA_HANDLE_BOUND", "3M", 1);
   vmm_config cfg = tu_config();
   assert_int_equal(vmm_config_from_env(&cfg), VMM_OK);
   vmm_arena *a = tu_arena(NULL, &cfg);
@@ -398,6 +437,7 @@ static void env_config_drives_an_arena(void **state) {
   assert_int_equal(s.limit_bytes, 4 * MiB);
   assert_int_equal(s.limit_refusals, 1);
   assert_int_equal(s.reserved_va_bytes, 8 * MiB);
+  assert_int_equal(s.handle_bound_bytes, 4 * MiB); /* 3 MiB rounded up to the 2 MiB granularity */
   assert_int_equal(vmm_arena_free(a, p, TU_STREAM(1)), VMM_OK);
   tu_destroy(a);
 }
@@ -414,6 +454,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(env_bad_values, unset_all, unset_all),
       cmocka_unit_test_setup_teardown(env_all_or_nothing, unset_all, unset_all),
       cmocka_unit_test_setup_teardown(env_config_drives_an_arena, unset_all, unset_all),
+      cmocka_unit_test_setup_teardown(stitch_is_retired, unset_all, unset_all),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

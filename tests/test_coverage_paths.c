@@ -330,16 +330,16 @@ static void test_finish_with_inconsistent_pool(void **state) {
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   void *p = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, TU_STREAM(0));
   assert_int_equal(vmm_arena_free(a, p, TU_STREAM(0)), VMM_OK);
-  assert_int_equal(a->pool.count, 1);
+  assert_int_equal(a->store.pool.count, 1);
   size_t calls = fake_call_count();
-  a->pool.count++;
+  a->store.pool.count++;
   assert_int_equal(vmm_retention_finish(a), VMM_ERR_SCOPE_STATE);
   assert_non_null(strstr(vmm_arena_last_error(a), "pool is inconsistent, nothing touched: pool totals 1/2/"));
   assert_int_equal(fake_calls_since(calls, VMM_DRV_mem_unmap), 0);
-  a->pool.count--;
+  a->store.pool.count--;
   assert_int_equal(a->scope, VMM_SCOPE_ACTIVE);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
-  assert_int_equal(a->pool.count, 0);
+  assert_int_equal(a->store.pool.count, 0);
   tu_destroy(a);
 }
 

@@ -1,6 +1,8 @@
 /* Reuse policies: which pooled mapping each transient request inside a scope receives under
  * exact, bounded:2, best-fit and none, and the rule that a pooled mapping is handed back
- * whole, never split. */
+ * whole, never split. Where the policy finds no mapping (a miss), the request is assembled:
+ * pooled mappings whose handles fit what is left are taken apart and new memory is created
+ * only for the rest; with reuse none, nothing is reused at all. */
 #include <stdio.h>
 #include <string.h>
 
@@ -17,6 +19,8 @@ typedef struct policy_case {
   size_t pooled_count;
   size_t request;            /* bytes */
   int expect;                /* index into pooled of the mapping handed out, or MISS */
+  unsigned apart;            /* on a miss: bit i set if pooled mapping i is taken apart for the assembly */
+  size_t created;            /* on a miss: MiB created for what the handles taken do not cover */
 } policy_case;
 
 #define B(x) ((size_t)(x) * MiB)
@@ -25,8 +29,8 @@ static const policy_case cases[] = {
     /* exact: only the rounded size itself */
     {VMM_REUSE_EXACT, 0, {4, 8, 16}, 3, B(8), 1},
     {VMM_REUSE_EXACT, 0, {4, 8, 16}, 3, B(7), 1},     /* 7 MiB rounds to 8 */
-    {VMM_REUSE_EXACT, 0, {4, 8, 16}, 3, B(6), MISS},  /* 8 fits but is not exact */
-    {VMM_REUSE_EXACT, 0, {4, 8, 16}, 3, B(16) + 1, MISS},
+    {VMM_REUSE_EXACT, 0, {4, 8, 16}, 3, B(6), MISS, 0x1, 2},  /* 8 fits but is not exact: 4 taken apart, 2 new */
+    {VMM_REUSE_EXACT, 0, {4, 8, 16}, 3, B(16) + 1, MISS, 0x4, 2}, /* 18 MiB: 16 + 2 new; 4 and 8 would pad */
     {VMM_REUSE_EXACT, 0, {2, 4}, 2, 1, 0},            /* 1 byte rounds to one granule */
     {VMM_REUSE_EXACT, 0, {8, 4, 8}, 3, B(8), 2},      /* the latest freed of a size */
     /* bounded:2: the smallest mapping in [request, 2 x request] */
@@ -34,18 +38,20 @@ static const policy_case cases[] = {
     {VMM_REUSE_BOUNDED, 2, {4, 8, 16}, 3, B(6), 1},
     {VMM_REUSE_BOUNDED, 2, {4, 8, 16}, 3, B(9), 2},   /* 10 rounded: [10, 20] holds 16 */
     {VMM_REUSE_BOUNDED, 2, {6, 8}, 2, B(4), 0},       /* [4, 8]: 6 is the smallest */
-    {VMM_REUSE_BOUNDED, 2, {4, 32}, 2, B(12), MISS},  /* [12, 24] holds nothing */
+    {VMM_REUSE_BOUNDED, 2, {4, 32}, 2, B(12), MISS, 0x1, 8}, /* [12, 24] holds nothing: 4 + 8 new */
     {VMM_REUSE_BOUNDED, 2, {4, 32}, 2, B(16), 1},     /* the bound is inclusive */
-    {VMM_REUSE_BOUNDED, 2, {4, 34}, 2, B(16), MISS},
+    /* [16, 32] holds nothing; 34 MiB is two handles, 32 + 2: its 2 MiB one and the 4 are taken,
+     * 10 MiB new, and the 32 MiB handle stays idle (never used to pad) */
+    {VMM_REUSE_BOUNDED, 2, {4, 34}, 2, B(16), MISS, 0x3, 10},
     /* best-fit: the smallest mapping at least the request */
     {VMM_REUSE_BEST_FIT, 0, {4, 8, 64}, 3, B(10), 2},
     {VMM_REUSE_BEST_FIT, 0, {4, 8, 64}, 3, B(2), 0},
     {VMM_REUSE_BEST_FIT, 0, {4, 8, 64}, 3, B(8), 1},
-    {VMM_REUSE_BEST_FIT, 0, {4, 8, 64}, 3, B(64) + 1, MISS},
+    {VMM_REUSE_BEST_FIT, 0, {4, 8, 64}, 3, B(64) + 1, MISS, 0x4, 2},
     {VMM_REUSE_BEST_FIT, 0, {64, 8, 8}, 3, B(5), 2},
     /* none: retain, never reuse */
-    {VMM_REUSE_NONE, 0, {4}, 1, B(4), MISS},
-    {VMM_REUSE_NONE, 0, {2, 4, 8}, 3, B(3), MISS},
+    {VMM_REUSE_NONE, 0, {4}, 1, B(4), MISS, 0, 4},
+    {VMM_REUSE_NONE, 0, {2, 4, 8}, 3, B(3), MISS, 0, 4},
 };
 
 static size_t creates(void) {
@@ -54,43 +60,76 @@ static size_t creates(void) {
   return l.calls_by_entry[VMM_DRV_mem_create];
 }
 
-static vmm_arena *policy_arena(vmm_reuse_policy policy, double bound) {
+/* Handles created for `bytes` below the bound: power-of-two numbers of 2 MiB granules,
+ * largest first. */
+static size_t pieces(size_t bytes) {
+  size_t n = 0;
+  while (bytes) {
+    size_t piece = B(2);
+    while (piece <= bytes / 2) piece *= 2;
+    bytes -= piece;
+    n++;
+  }
+  return n;
+}
+
+/* With handle_bound (0 = the arena's choice). */
+static vmm_arena *policy_arena_bound(vmm_reuse_policy policy, double bound, size_t handle_bound) {
   vmm_config cfg = tu_config();
   cfg.reuse = policy;
   cfg.reuse_bound = bound;
+  cfg.handle_bound_bytes = handle_bound;
   vmm_arena *a = tu_arena(NULL, &cfg);
   assert_int_equal(tu_snapshot(a).reuse, policy);
   return a;
 }
+
+static vmm_arena *policy_arena(vmm_reuse_policy policy, double bound) { return policy_arena_bound(policy, bound, 0); }
 
 static void policy_table(void **state) {
   (void)state;
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     const policy_case *c = &cases[k];
     fprintf(stderr, "case %zu: %s:%g, request %zu bytes\n", k, vmm_reuse_policy_name(c->policy), c->bound, c->request);
-    vmm_arena *a = policy_arena(c->policy, c->bound);
+    /* A bound above every size here: each pooled mapping is one handle. */
+    vmm_arena *a = policy_arena_bound(c->policy, c->bound, GiB);
     assert_int_equal(vmm_retention_begin(a), VMM_OK);
     void *pooled[MAX_POOLED];
     for (size_t i = 0; i < c->pooled_count; i++) pooled[i] = tu_alloc(a, c->pooled[i] * MiB, VMM_KIND_TRANSIENT, S1);
     for (size_t i = 0; i < c->pooled_count; i++) assert_int_equal(vmm_arena_free(a, pooled[i], S1), VMM_OK);
     vmm_snapshot before = tu_snapshot(a);
-    assert_int_equal(before.retained_reusable_handles, c->pooled_count);
+    size_t handles = 0;
+    for (size_t i = 0; i < c->pooled_count; i++) handles += pieces(c->pooled[i] * MiB);
+    assert_int_equal(before.retained_reusable_handles, handles);
     size_t created = creates();
 
     void *got = tu_alloc(a, c->request, VMM_KIND_TRANSIENT, S1);
     vmm_snapshot after = tu_snapshot(a);
     if (c->expect == MISS) {
-      for (size_t i = 0; i < c->pooled_count; i++) assert_ptr_not_equal(got, pooled[i]);
-      assert_int_equal(creates(), created + 1);
+      size_t rounded = (c->request + B(2) - 1) / B(2) * B(2), apart = 0;
+      for (size_t i = 0; i < c->pooled_count; i++) {
+        assert_ptr_not_equal(got, pooled[i]);
+        apart += c->apart >> i & 1;
+      }
+      /* Exactly the request: the idle handles taken and the new memory add up to it. */
+      size_t taken = rounded - c->created * MiB;
+      assert_int_equal(after.kind[VMM_KIND_TRANSIENT].live_bytes, rounded);
+      assert_int_equal(creates(), created + pieces(c->created * MiB));
       assert_int_equal(after.pool_hits, before.pool_hits);
-      assert_int_equal(after.retained_reusable_handles, before.retained_reusable_handles);
+      assert_int_equal(after.pooled_taken_apart, apart);
+      assert_int_equal(after.assemblies, apart ? 1 : 0);
+      assert_int_equal(after.assembly_created_bytes, apart ? c->created * MiB : 0);
+      assert_int_equal(after.retained_reusable_handles, before.retained_reusable_handles - after.assembled_idle_handles);
+      assert_int_equal(after.retained_reusable_bytes, before.retained_reusable_bytes - taken);
+      for (size_t i = 0; i < c->pooled_count; i++) /* what is taken apart is no longer mapped where it was */
+        assert_int_equal(fake_mapped_size_at((CUdeviceptr)(uintptr_t)pooled[i]) == 0, (c->apart >> i & 1) != 0);
       if (c->policy != VMM_REUSE_NONE) assert_int_equal(after.pool_misses, before.pool_misses + 1);
     } else {
       size_t extent = c->pooled[c->expect] * MiB;
       assert_ptr_equal(got, pooled[c->expect]);
       assert_int_equal(creates(), created);
       assert_int_equal(after.pool_hits, before.pool_hits + 1);
-      assert_int_equal(after.retained_reusable_handles, before.retained_reusable_handles - 1);
+      assert_int_equal(after.retained_reusable_handles, before.retained_reusable_handles - pieces(extent));
       assert_int_equal(after.retained_reusable_bytes, before.retained_reusable_bytes - extent);
       assert_int_equal(after.kind[VMM_KIND_TRANSIENT].live_bytes, extent); /* whole mapping */
     }
@@ -110,7 +149,8 @@ static const char *inventory_entry(const char *json, void *base) {
 }
 
 /* A 4 MiB request served by an 8 MiB mapping records the full 8 MiB extent, and its free
- * returns all 8 MiB to the pool. */
+ * returns all 8 MiB to the pool. The mapping was created inside the scope, while little was
+ * held: four handles of the bound, one granule each. */
 static void pooled_mapping_handed_back_whole(void **state) {
   (void)state;
   static const struct {
@@ -124,12 +164,14 @@ static void pooled_mapping_handed_back_whole(void **state) {
     assert_int_equal(vmm_arena_free(a, big, S1), VMM_OK);
     void *p = tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S1);
     assert_ptr_equal(p, big);
-    assert_int_equal(fake_mapped_size_at((CUdeviceptr)(uintptr_t)p), 8 * MiB);
+    for (size_t off = 0; off < 8 * MiB; off += 2 * MiB)
+      assert_int_equal(fake_mapped_size_at((CUdeviceptr)(uintptr_t)p + off), 2 * MiB);
 
     vmm_snapshot s = tu_snapshot(a);
     assert_int_equal(s.kind[VMM_KIND_TRANSIENT].live_count, 1);
     assert_int_equal(s.kind[VMM_KIND_TRANSIENT].live_bytes, 8 * MiB);
     assert_int_equal(s.retained_reusable_handles, 0);
+    assert_int_equal(s.assemblies, 0);
     static char json[16384];
     char want[160];
     assert_int_equal(vmm_arena_snapshot_json(a, json, sizeof json, NULL), VMM_OK);
@@ -140,8 +182,9 @@ static void pooled_mapping_handed_back_whole(void **state) {
 
     assert_int_equal(vmm_arena_free(a, p, S1), VMM_OK);
     s = tu_snapshot(a);
-    assert_int_equal(s.retained_reusable_handles, 1);
+    assert_int_equal(s.retained_reusable_handles, 4);
     assert_int_equal(s.retained_reusable_bytes, 8 * MiB);
+    assert_int_equal(s.handle_bound_bytes, 2 * MiB);
     assert_int_equal(s.kind[VMM_KIND_TRANSIENT].live_bytes, 0);
     assert_int_equal(vmm_arena_snapshot_json(a, json, sizeof json, NULL), VMM_OK);
     snprintf(want, sizeof want, "{\"size\":%zu,\"count\":1}", 8 * MiB);

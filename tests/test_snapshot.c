@@ -87,13 +87,15 @@ static const char *const kinds[] = {"package", "transient"};
  * lists agree with its figures. */
 static void assert_doc_matches(const json_value *d, const vmm_snapshot *s, vmm_arena *a) {
   assert_string_at(d, "schema", "vmmarena.snapshot");
-  assert_int_equal(u64(d, "version"), 1);
+  assert_int_equal(u64(d, "version"), 2);
   assert_int_equal(u64(d, "device"), (uint64_t)s->device);
   assert_int_equal(at(d, "integrated", JSON_BOOL)->boolean, s->integrated);
   assert_int_equal(at(d, "retention.enabled", JSON_BOOL)->boolean, s->retention_enabled);
   assert_string_at(d, "reuse.policy", vmm_reuse_policy_name(s->reuse));
   if (isfinite(s->reuse_bound)) assert_true(fabs(at(d, "reuse.bound", JSON_NUMBER)->number - s->reuse_bound) < 1e-5);
   else at(d, "reuse.bound", JSON_NULL);
+  assert_int_equal(u64(d, "reuse.handle_bound_bytes"), s->handle_bound_bytes);
+  assert_int_equal(at(d, "reuse.package_assembly", JSON_BOOL)->boolean, a->cfg.package_assembly != 0);
   assert_int_equal(u64(d, "granularity"), s->granularity);
   assert_int_equal(u64(d, "headroom_bytes"), s->headroom_bytes);
   assert_int_equal(u64(d, "limit_bytes"), s->limit_bytes);
@@ -107,6 +109,8 @@ static void assert_doc_matches(const json_value *d, const vmm_snapshot *s, vmm_a
     assert_int_equal(u64f(d, "kinds.%s.retained_bytes", kinds[k]), ks->retained_bytes);
     assert_int_equal(u64f(d, "kinds.%s.abandoned_count", kinds[k]), ks->abandoned_count);
     assert_int_equal(u64f(d, "kinds.%s.abandoned_bytes", kinds[k]), ks->abandoned_bytes);
+    assert_int_equal(u64f(d, "kinds.%s.paused_count", kinds[k]), ks->paused_count);
+    assert_int_equal(u64f(d, "kinds.%s.paused_bytes", kinds[k]), ks->paused_bytes);
   }
   assert_int_equal(u64(d, "totals.physical_bytes"), s->physical_bytes);
   assert_int_equal(u64(d, "totals.physical_peak_bytes"), s->physical_peak_bytes);
@@ -122,7 +126,16 @@ static void assert_doc_matches(const json_value *d, const vmm_snapshot *s, vmm_a
   assert_int_equal(u64(d, "pool.hits"), s->pool_hits);
   assert_int_equal(u64(d, "pool.misses"), s->pool_misses);
   assert_int_equal(u64(d, "pool.fallbacks"), s->pool_fallbacks);
-  assert_int_equal(u64(d, "pool.stitches"), s->stitches);
+  assert_int_equal(u64(d, "pool.assemblies"), s->assemblies);
+  assert_int_equal(u64(d, "pool.padded_assemblies"), s->padded_assemblies);
+  assert_int_equal(u64(d, "pool.assembled_idle_handles"), s->assembled_idle_handles);
+  assert_int_equal(u64(d, "pool.assembly_created_bytes"), s->assembly_created_bytes);
+  assert_int_equal(u64(d, "pool.pooled_taken_apart"), s->pooled_taken_apart);
+  assert_null(json_find(d, "pool.stitches"));
+  /* The unmapped tier: the idle handles the kinds count as retained. */
+  uint64_t idle = u64(d, "pool.idle_unmapped_handles"), idle_bytes = u64(d, "pool.idle_unmapped_bytes");
+  assert_int_equal(idle, s->kind[0].retained_count + s->kind[1].retained_count);
+  assert_int_equal(idle_bytes, s->kind[0].retained_bytes + s->kind[1].retained_bytes);
   const json_value *buckets = at(d, "pool.buckets", JSON_ARRAY);
   assert_int_equal(buckets->count, s->pool_buckets);
   uint64_t pooled = 0, pooled_bytes = 0, last_size = 0;
@@ -134,8 +147,10 @@ static void assert_doc_matches(const json_value *d, const vmm_snapshot *s, vmm_a
     pooled += count;
     pooled_bytes += size * count;
   }
-  assert_int_equal(pooled, s->retained_reusable_handles);
-  assert_int_equal(pooled_bytes, s->retained_reusable_bytes);
+  /* Reusable: the pooled mappings (their bytes in the buckets) and the unmapped tier. */
+  assert_int_equal(pooled, s->kind[0].pooled_count + s->kind[1].pooled_count);
+  assert_int_equal(pooled_bytes, s->kind[0].pooled_bytes + s->kind[1].pooled_bytes);
+  assert_int_equal(pooled_bytes + idle_bytes, s->retained_reusable_bytes);
   assert_int_equal(u64(d, "refusals.out_of_memory"), s->oom_refusals);
   assert_int_equal(u64(d, "refusals.limit"), s->limit_refusals);
   assert_int_equal(u64(d, "refusals.headroom"), s->headroom_refusals);
@@ -170,7 +185,7 @@ static void assert_doc_matches(const json_value *d, const vmm_snapshot *s, vmm_a
   assert_string_at(d, "last_error", vmm_arena_last_error(a));
   /* The inventory: sorted by base, disjoint, and its extents add up to the kind figures. */
   const json_value *maps = at(d, "mappings", JSON_ARRAY);
-  uint64_t live[VMM_KIND_COUNT] = {0}, pool[VMM_KIND_COUNT] = {0}, mapped = 0, end = 0;
+  uint64_t live[VMM_KIND_COUNT] = {0}, pool[VMM_KIND_COUNT] = {0}, mapped = 0, end = 0, pooled_handles = 0;
   for (size_t i = 0; i < maps->count; i++) {
     char path[64];
     snprintf(path, sizeof path, "mappings[%zu].base", i);
@@ -187,7 +202,7 @@ static void assert_doc_matches(const json_value *d, const vmm_snapshot *s, vmm_a
     int k = !strcmp(at(d, path, JSON_STRING)->text, "transient");
     snprintf(path, sizeof path, "mappings[%zu].state", i);
     const char *state = at(d, path, JSON_STRING)->text;
-    if (!strcmp(state, "pooled")) pool[k] += extent;
+    if (!strcmp(state, "pooled")) pool[k] += extent, pooled_handles += u64f(d, "mappings[%zu].handles", i);
     else if (strcmp(state, "abandoned")) live[k] += extent;
     mapped += extent;
   }
@@ -196,6 +211,8 @@ static void assert_doc_matches(const json_value *d, const vmm_snapshot *s, vmm_a
     assert_int_equal(pool[k], s->kind[k].pooled_bytes);
   }
   assert_int_equal(mapped, s->mapped_bytes);
+  /* Reusable handles: those of the pooled mappings and the unmapped idle ones. */
+  assert_int_equal(pooled_handles + u64(d, "pool.idle_unmapped_handles"), s->retained_reusable_handles);
 }
 
 /* Snapshot, parse, compare; returns the document for more checks. */
@@ -240,7 +257,9 @@ static void empty_arena(void **state) {
   assert_int_equal(at(d, "pool.buckets", JSON_ARRAY)->count, 0);
   assert_string_at(d, "retention.mode", "on");
   assert_string_at(d, "last_error", "");
-  assert_int_equal(at(d, "reuse.stitch", JSON_BOOL)->boolean, 1);
+  assert_null(json_find(d, "reuse.stitch"));
+  assert_int_equal(at(d, "reuse.package_assembly", JSON_BOOL)->boolean, 1);
+  assert_int_equal(u64(d, "reuse.handle_bound_bytes"), 2 * MiB); /* auto, nothing held yet: one granule */
   json_free(d);
   tu_destroy(a);
 }
@@ -313,7 +332,26 @@ static void pooled_and_scope(void **state) {
   snprintf(path, sizeof path, "mappings[%ld].state", i);
   assert_string_at(d, path, "pooled");
   assert_int_equal(u64f(d, "mappings[%ld].scope", mapping_index(d, hit)), 1);
+  assert_int_equal(u64(d, "pool.idle_unmapped_handles"), 1);
+  assert_int_equal(u64(d, "pool.idle_unmapped_bytes"), 4 * MiB);
+  assert_int_equal(u64(d, "pool.retained_reusable_bytes"), 16 * MiB);
   json_free(d);
+
+  /* 6 MiB, no pooled mapping of that size: the idle 4 MiB handle and one pooled 2 MiB mapping
+   * taken apart are mapped back to back. */
+  void *six = tu_alloc(a, 6 * MiB, VMM_KIND_TRANSIENT, S);
+  d = checked_doc(a);
+  assert_int_equal(u64(d, "pool.assemblies"), 1);
+  assert_int_equal(u64(d, "pool.assembled_idle_handles"), 2);
+  assert_int_equal(u64(d, "pool.assembly_created_bytes"), 0);
+  assert_int_equal(u64(d, "pool.pooled_taken_apart"), 1);
+  assert_int_equal(u64(d, "pool.padded_assemblies"), 0);
+  assert_int_equal(u64(d, "pool.idle_unmapped_handles"), 0);
+  assert_int_equal(u64(d, "pool.misses"), 5); /* the first four and this one */
+  assert_int_equal(u64f(d, "mappings[%ld].handles", mapping_index(d, six)), 2);
+  assert_int_equal(u64f(d, "mappings[%ld].extent", mapping_index(d, six)), 6 * MiB);
+  json_free(d);
+  assert_int_equal(vmm_arena_free(a, six, S), VMM_OK);
 
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   d = checked_doc(a);
@@ -361,7 +399,7 @@ static void fatal_error_set(void **state) {
   tu_destroy(a);
 }
 
-/* Long lines: big extents and requests, abandoned state, stitched handles. */
+/* Long lines: big extents and requests, abandoned state, assembled handles. */
 static void large_figures(void **state) {
   (void)state;
   fake_options opts = {.capacity = 200 * GiB};

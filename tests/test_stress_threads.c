@@ -262,7 +262,7 @@ static void *worker_main(void *arg) {
         break;
       }
       w->allocs++;
-      if (fake_mapped_size_at((CUdeviceptr)(uintptr_t)p) < bytes) fail_stress("worker %d: %p is not mapped", w->id, p);
+      if (tu_mapped_from(p, bytes) < bytes) fail_stress("worker %d: %p is not mapped", w->id, p);
       shadow_add((uintptr_t)p, bytes, w->id);
       live[n++] = (live_alloc){p, bytes};
     } else {

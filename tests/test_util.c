@@ -51,3 +51,9 @@ vmm_snapshot tu_snapshot(vmm_arena *a) {
   assert_int_equal(vmm_arena_snapshot(a, &s), VMM_OK);
   return s;
 }
+
+size_t tu_mapped_from(const void *base, size_t most) {
+  size_t off = 0, size;
+  while (off < most && (size = fake_mapped_size_at((CUdeviceptr)(uintptr_t)base + off)) != 0) off += size;
+  return off;
+}

@@ -28,6 +28,9 @@ void tu_destroy(vmm_arena *a);
 vmm_snapshot tu_snapshot(vmm_arena *a);
 /* Asserts that an allocation succeeds and returns its pointer. */
 void *tu_alloc(vmm_arena *a, size_t bytes, vmm_kind kind, CUstream s);
+/* Bytes mapped back to back from base on, one handle at a time (an assembled mapping has
+ * several), stopping at the first gap or once `most` bytes are reached. */
+size_t tu_mapped_from(const void *base, size_t most);
 /* A stream value for the fake. */
 #define TU_STREAM(n) ((CUstream)(uintptr_t)(0x5000 + (n)))
 

@@ -5,12 +5,15 @@
  * capture; quiesce; snapshots into buffers of any size; hostile tags.
  *
  * A model of the live allocations is checked after every call: statuses are the documented
- * ones, live ranges never overlap, counters match, the invariant checker passes, a fatal
- * error appears only after a hard (non out-of-memory) fault and never changes, the JSON
- * snapshot is valid JSON; after destroy the fake's ledger is clean.
+ * ones, live ranges never overlap and are mapped whole, an allocation is never padded beyond
+ * its rounded size except by a pool hit the policy allows or a fallback after a refusal (and a
+ * package never), counters match, the invariant checker passes, a fatal error appears only
+ * after a hard (non out-of-memory) fault and never changes, the JSON snapshot is valid JSON;
+ * after destroy the fake's ledger is clean.
  *
  * Layout of the input (bytes past the end read as 0):
- *   config: 6 bytes (flags, capacity, limit, headroom, host memory, reservation size)
+ *   config: 6 bytes (flags, capacity, limit, headroom, host memory, reservation size); flag
+ *           bit 4 turns package assembly off, headroom bits 5-7 choose the handle bound
  *   ops:    an opcode byte, then its argument bytes (see run_op). */
 #include <stdarg.h>
 #include <stdio.h>
@@ -242,10 +245,15 @@ static void add_live(model *m, CUdeviceptr base, size_t bytes, vmm_kind kind) {
       violation(m, "alloc returned 0x%llx+%zu, overlapping the still-mapped 0x%llx+%zu", (unsigned long long)base,
                 rec->extent, (unsigned long long)k->base, k->size);
   }
-  if (fake_mapped_size_at(base) == 0 || fake_mapped_size_at(base + rec->extent - 1) == 0 ||
-      !fake_access_granted(base, vmm_arena_device(m->a)))
-    violation(m, "alloc returned 0x%llx+%zu, which the driver has not mapped with access", (unsigned long long)base,
-              rec->extent);
+  /* Mapped whole, handle after handle, with access. */
+  size_t off = 0, size;
+  while (off < rec->extent && (size = fake_mapped_size_at(base + off)) != 0) {
+    if (!fake_access_granted(base + off, vmm_arena_device(m->a))) break;
+    off += size;
+  }
+  if (off != rec->extent)
+    violation(m, "alloc returned 0x%llx+%zu, of which the driver has mapped %zu bytes with access",
+              (unsigned long long)base, rec->extent, off);
   m->live[m->nlive++] = (live_alloc){base, rec->extent, kind};
 }
 
@@ -316,6 +324,8 @@ static void op_alloc(model *m, reader *r) {
   CUstream s = stream_of((f >> 1) % STREAMS);
   if (m->nlive == MAX_LIVE) return;
   void *p = (void *)1;
+  vmm_snapshot before, after;
+  if (vmm_arena_snapshot(m->a, &before) != VMM_OK) violation(m, "snapshot failed");
   vmm_status st = vmm_arena_alloc(m->a, bytes, kind, s, &p);
   expect_action(m, st, 1, "alloc");
   if (st != VMM_OK) {
@@ -323,6 +333,17 @@ static void op_alloc(model *m, reader *r) {
     return;
   }
   add_live(m, (CUdeviceptr)(uintptr_t)p, bytes, kind);
+  /* Never padded: more than the rounded size only from a pooled mapping (a hit the policy
+   * allows, or the fallback) or a padded assembly after a refusal, and never for a package. */
+  size_t rounded = (bytes + m->granularity - 1) / m->granularity * m->granularity;
+  size_t extent = m->live[m->nlive - 1].extent;
+  if (extent == rounded) return;
+  if (vmm_arena_snapshot(m->a, &after) != VMM_OK) violation(m, "snapshot failed");
+  int hit = after.pool_hits > before.pool_hits && before.reuse != VMM_REUSE_EXACT;
+  int fallback = after.pool_fallbacks > before.pool_fallbacks || after.padded_assemblies > before.padded_assemblies;
+  if (kind == VMM_KIND_PACKAGE || !(hit || fallback))
+    violation(m, "%s alloc of %zu bytes (rounded %zu) got %zu bytes with no hit or fallback",
+              kind == VMM_KIND_PACKAGE ? "package" : "transient", bytes, rounded, extent);
 }
 
 static void op_alloc_bad(model *m, reader *r) {
@@ -522,7 +543,10 @@ void fuzz_ops_run(const uint8_t *data, size_t size) {
   cfg.reuse = (vmm_reuse_policy)(flags & 3);
   cfg.reuse_bound = 1.0 + (double)(reserve >> 4) / 4.0;
   cfg.retain = (vmm_retain_mode)((flags >> 2) % 3);
-  cfg.stitch = !((flags >> 4) & 1);
+  cfg.package_assembly = !((flags >> 4) & 1);
+  /* The arena's choice, or granules: one, two, a bound that rounds up to three, up to 64. */
+  static const size_t bound_granules_x2[8] = {0, 2, 4, 5, 8, 16, 32, 128};
+  cfg.handle_bound_bytes = bound_granules_x2[(headroom >> 5) & 7] * o.granularity / 2;
   cfg.limit_bytes = (size_t)limit * 2 * o.granularity;
   cfg.headroom_bytes = (size_t)(headroom & 15) * o.granularity;
   cfg.reserve_bytes = (size_t)(1 + (reserve & 15)) * 16 * o.granularity;
