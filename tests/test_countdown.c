@@ -3,16 +3,25 @@
  * failing, for N = 1, 2, 3 ... until a run meets no fault: once with a single failure and
  * once with every call failing from N on, for an out-of-memory code and for a hard error.
  *
+ * The scenario assembles inside a scope: a transient request from an unmapped idle handle,
+ * two pooled mappings taken apart and new memory for the rest; a package request from a
+ * pooled mapping taken apart; and a package request from unmapped idle handles topped up
+ * with new memory.
+ *
  * Each run checks every public call's status against the documented set (the fault-free
  * result, or the failure the fault implies), the invariant checker after every step, the
  * sticky first fatal error (never set by an out-of-memory fault, never rewritten once set),
- * and, after destroy, that the fake driver's ledger is empty. Destroy runs with the faults
+ * that an allocation which fails having met at most one failed driver call leaves the arena
+ * exactly as it was (every mapping, pooled mapping and idle handle in its place), and, after
+ * destroy, that the fake driver's ledger is empty. Destroy runs with the faults
  * cleared there; it returns nothing and only logs its failures, so its own countdown (the last
  * test) checks instead that a failed call in destroy leaves only what that call would have
  * released. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "internal.h"
 #include "test_util.h"
 
 #define S1 TU_STREAM(1)
@@ -94,19 +103,144 @@ static void expect(vmm_arena *a, int which, vmm_status got, vmm_status want, int
   if (a) after_step(a, which);
 }
 
+/* ---- The arena as it stands ------------------------------------------------------- */
+
+typedef struct text {
+  char buf[16384];
+  size_t len;
+} text;
+
+static void add(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add(text *t, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  size_t room = sizeof t->buf - t->len;
+  int n = vsnprintf(t->buf + t->len, room, fmt, ap);
+  va_end(ap);
+  if (n < 0 || (size_t)n >= room) fail_msg("arena description longer than %zu bytes", sizeof t->buf);
+  t->len += (size_t)n;
+}
+
+static int by_base(const void *x, const void *y) {
+  CUdeviceptr a = (*(vmm_mapping *const *)x)->base, b = (*(vmm_mapping *const *)y)->base;
+  return a < b ? -1 : a > b;
+}
+
+static void add_handles(text *t, const vmm_mapping *m) {
+  for (uint32_t i = 0; i < m->handle_count; i++)
+    add(t, "%s%llx:%zu", i ? "," : "[", (unsigned long long)m->handles[i]->h, m->handles[i]->size);
+  add(t, "]");
+}
+
+static void add_idle(text *t, const vmm_avl *n) {
+  if (!n) return;
+  add_idle(t, n->left);
+  const vmm_handle *h = vmm_container_of(n, vmm_handle, node);
+  add(t, " %llx:%zu#%llu/%d", (unsigned long long)h->h, h->size, (unsigned long long)h->node.k2, (int)h->kind);
+  add_idle(t, n->right);
+}
+
+static void add_buckets(text *t, const vmm_avl *n) {
+  if (!n) return;
+  add_buckets(t, n->left);
+  const vmm_bucket *b = vmm_container_of(n, vmm_bucket, node);
+  add(t, " %zu:", b->size);
+  for (const vmm_mapping *m = b->head; m; m = m->pool_next) add(t, "%llx,", (unsigned long long)m->base);
+  add_buckets(t, n->right);
+}
+
+/* Everything an allocation could take or leave behind: counters, every mapping with its
+ * handles, the pool's buckets in order, the unmapped tier in order (with each handle's place
+ * in it), the abandoned and deferred lists, and the handles kept mapped by a failed undo. Not
+ * the peaks, the failure counters, or the VA reserved (a reservation made for a request that
+ * then failed is kept for the next one). */
+static void describe(vmm_arena *a, text *t) {
+  t->len = 0;
+  t->buf[0] = '\0';
+  add(t, "physical %llu mapped %llu allocs %llu frees %llu stuck %zu scope %d\n", (unsigned long long)a->physical_bytes,
+      (unsigned long long)a->mapped_bytes, (unsigned long long)a->allocs, (unsigned long long)a->frees,
+      a->stuck_count, (int)a->scope);
+  for (int k = 0; k < VMM_KIND_COUNT; k++) {
+    const vmm_kind_stats *ks = &a->kind[k];
+    add(t, "kind %d: live %llu/%llu pooled %llu/%llu retained %llu/%llu abandoned %llu/%llu\n", k,
+        (unsigned long long)ks->live_count, (unsigned long long)ks->live_bytes, (unsigned long long)ks->pooled_count,
+        (unsigned long long)ks->pooled_bytes, (unsigned long long)ks->retained_count,
+        (unsigned long long)ks->retained_bytes, (unsigned long long)ks->abandoned_count,
+        (unsigned long long)ks->abandoned_bytes);
+  }
+  vmm_mapping **list = malloc((a->table.count + 1) * sizeof *list), *m;
+  assert_non_null(list);
+  size_t n = 0;
+  vmm_table_foreach(&a->table, i, m) list[n++] = m;
+  qsort(list, n, sizeof *list, by_base);
+  for (size_t i = 0; i < n; i++) {
+    add(t, "mapping %llx +%zu kind %d state %d ", (unsigned long long)list[i]->base, list[i]->extent,
+        (int)list[i]->kind, (int)list[i]->state);
+    add_handles(t, list[i]);
+    add(t, "\n");
+  }
+  free(list);
+  add(t, "pool %zu/%zu/%zu/%zu:", a->store.pool.buckets, a->store.pool.count, a->store.pool.bytes,
+      a->store.pool.handles);
+  add_buckets(t, a->store.pool.root);
+  add(t, "\nidle %zu/%zu:", a->store.unmapped_count, a->store.unmapped_bytes);
+  add_idle(t, a->store.unmapped);
+  add(t, "\nabandoned %zu/%zu:", a->store.abandoned_count, a->store.abandoned_bytes);
+  for (const vmm_handle *h = a->store.abandoned; h; h = h->next) add(t, " %llx", (unsigned long long)h->h);
+  add(t, "\ndeferred:");
+  for (const vmm_mapping *d = a->deferred_head; d; d = d->pool_next) add(t, " %llx", (unsigned long long)d->base);
+  add(t, "\n");
+}
+
+/* Failed driver calls from the log index `from` on that can change what the arena holds (not
+ * the context push and pop, error names, free-memory figures or capture-state reads, which an
+ * operation absorbs). */
+static size_t failed_since(size_t from) {
+  size_t n = 0;
+  for (size_t i = from, count = fake_call_count(); i < count; i++) {
+    const fake_call *c = fake_call_at(i);
+    if (c->result == CUDA_SUCCESS) continue;
+    switch (c->entry) {
+    case VMM_DRV_ctx_push_current:
+    case VMM_DRV_ctx_pop_current:
+    case VMM_DRV_get_error_name:
+    case VMM_DRV_mem_get_info:
+    case VMM_DRV_stream_is_capturing: break;
+    default: n++;
+    }
+  }
+  return n;
+}
+
+static text before_step, after_step_text;
+static unsigned exact_compares; /* failed allocations found to have left the arena exactly as it was */
+
 static void *alloc_step(vmm_arena *a, int which, size_t bytes, vmm_kind kind, CUstream s, vmm_status want,
                         const char *what) {
   void *p = (void *)1;
+  describe(a, &before_step);
+  size_t from = fake_call_count();
   vmm_status st = vmm_arena_alloc(a, bytes, kind, s, &p);
   expect(a, which, st, want, 1, what);
   if (st != VMM_OK) {
     if (p) fail_run(what, st, "failed, but *out is not NULL");
+    /* A refusal, or a failure whose one failed call was undone: nothing moved. Where more
+     * calls failed (a persistent fault), an undo may itself fail: a handle whose release
+     * failed stays idle, a handle whose unmap failed stays stuck; the checker covers those. */
+    if (failed_since(from) <= 1) {
+      describe(a, &after_step_text);
+      if (strcmp(before_step.buf, after_step_text.buf)) {
+        fprintf(stderr, "before:\n%safter:\n%s", before_step.buf, after_step_text.buf);
+        fail_run(what, st, "the failed allocation changed the arena");
+      }
+      exact_compares++;
+    }
     return NULL;
   }
   CUdeviceptr base = (CUdeviceptr)(uintptr_t)p;
   if (!p || base % vmm_arena_granularity(a)) fail_run(what, st, "NULL or misaligned pointer");
-  if (fake_mapped_size_at(base) == 0 || !fake_access_granted(base, vmm_arena_device(a)))
-    fail_run(what, st, "the driver has no accessible mapping at the pointer");
+  if (tu_mapped_from(p, bytes) < bytes || !fake_access_granted(base, vmm_arena_device(a)))
+    fail_run(what, st, "the driver has no accessible mapping of the whole request at the pointer");
   return p;
 }
 
@@ -185,7 +319,7 @@ static void expect_ledger_clean(void) {
 }
 
 /* Fake with two discrete devices (peer access between them), 8 GiB of VA in all, and a
- * device 0 small enough that a 16 MiB request must stitch. */
+ * 36 MiB device 0. */
 static void reset_fake(void) {
   fake_options o = {.device_count = 2, .va_space = 8 * GiB};
   fake_driver_reset(&o);
@@ -208,8 +342,9 @@ static void scenario(void) {
     return;
   }
   int scope = 0;
-  void *p1 = alloc_step(a, 0, 6 * MiB, VMM_KIND_PACKAGE, S1, VMM_OK, "package 6 MiB");
+  void *p1 = alloc_step(a, 0, 6 * MiB, VMM_KIND_PACKAGE, S1, VMM_OK, "package 6 MiB (one handle, before the scope)");
   begin_step(a, 0, &scope);
+  /* Created inside the scope: cut into handles of the bound (2 MiB while the peak is small). */
   void *t1 = alloc_step(a, 0, 8 * MiB, VMM_KIND_TRANSIENT, S1, VMM_OK, "transient 8 MiB (t1)");
   void *t2 = alloc_step(a, 0, 8 * MiB, VMM_KIND_TRANSIENT, S1, VMM_OK, "transient 8 MiB (t2)");
   void *t1_base = t1;
@@ -219,43 +354,75 @@ static void scenario(void) {
   if (faultless) assert_ptr_equal(t3, t1_base);
   free_step(a, 0, &t2, S1, "free t2 into the pool");
   free_step(a, 0, &t3, S2, "free t3 into the pool");
-  /* 22 MiB held of 36: 16 MiB + 2 MiB headroom is refused, so the two idle 8 MiB handles
-   * are stitched. */
-  void *t4 = alloc_step(a, 0, 16 * MiB, VMM_KIND_TRANSIENT, S1, VMM_OK, "transient 16 MiB (stitched)");
-  if (faultless) {
-    vmm_snapshot s = tu_snapshot(a);
-    assert_int_equal(s.stitches, 1);
-    assert_int_equal(s.pool_hits, 1);
-    assert_true(s.headroom_refusals >= 1);
-  }
-  /* A package free inside the scope unmaps and defers the release to finish. */
+  /* A package free inside the scope unmaps and keeps the handle idle until finish. */
   free_step(a, 0, &p1, S1, "free package in scope");
   if (faultless) assert_int_equal(tu_snapshot(a).kind[VMM_KIND_PACKAGE].retained_count, 1);
-  /* A free on a capturing stream is deferred until the capture is over. */
+  /* 26 MiB: the idle 6 MiB handle, t3 and t2 taken apart (waiting for S2 and S1), and 4 MiB
+   * created (22 MiB held of 36, 2 MiB headroom). */
+  void *t4 = alloc_step(a, 0, 26 * MiB, VMM_KIND_TRANSIENT, S1, VMM_OK, "transient 26 MiB (assembled, topped up)");
+  if (faultless) {
+    vmm_snapshot s = tu_snapshot(a);
+    assert_int_equal(s.assemblies, 1);
+    assert_int_equal(s.assembled_idle_handles, 9);
+    assert_int_equal(s.assembly_created_bytes, 4 * MiB);
+    assert_int_equal(s.pooled_taken_apart, 2);
+    assert_int_equal(s.pool_hits, 1);
+    assert_int_equal(s.headroom_refusals, 0);
+    assert_int_equal(s.retained_reusable_handles, 0);
+    assert_int_equal(s.physical_bytes, 26 * MiB);
+    assert_int_equal(fake_mapped_size_at((CUdeviceptr)(uintptr_t)t4), 6 * MiB);
+  }
+  free_step(a, 0, &t4, S1, "free the assembled mapping into the pool");
+  /* A package allocated on a capturing stream is assembled from the pooled mapping taken
+   * apart (its freeing stream, S1, is not capturing); its free is deferred until the capture
+   * is over. */
   fake_set_capturing(S3, 1);
-  void *p2 = alloc_step(a, 0, 2 * MiB, VMM_KIND_PACKAGE, S3, VMM_OK, "package 2 MiB during capture");
+  void *p2 = alloc_step(a, 0, 2 * MiB, VMM_KIND_PACKAGE, S3, VMM_OK, "package 2 MiB during capture (assembled)");
   free_step(a, 0, &p2, S3, "free during capture (deferred)");
-  if (faultless) assert_int_equal(tu_snapshot(a).deferred_frees, 1);
+  if (faultless) {
+    vmm_snapshot s = tu_snapshot(a);
+    assert_int_equal(s.deferred_frees, 1);
+    assert_int_equal(s.assemblies, 2);
+    assert_int_equal(s.pooled_taken_apart, 3);
+    assert_int_equal(s.kind[VMM_KIND_TRANSIENT].retained_count, 10); /* t4's other handles */
+  }
   fake_set_capturing(S3, 0);
   expect(a, 0, vmm_arena_quiesce(a), VMM_OK, 0, "quiesce");
-  free_step(a, 0, &t4, S1, "free the stitched mapping into the pool");
+  /* 30 MiB of package: all 26 MiB idle (11 handles) and 4 MiB created. */
+  void *pk = alloc_step(a, 0, 30 * MiB, VMM_KIND_PACKAGE, S1, VMM_OK, "package 30 MiB (assembled, topped up)");
+  if (faultless) {
+    vmm_snapshot s = tu_snapshot(a);
+    assert_int_equal(s.assemblies, 3);
+    assert_int_equal(s.assembled_idle_handles, 9 + 1 + 11);
+    assert_int_equal(s.assembly_created_bytes, 8 * MiB);
+    assert_int_equal(s.kind[VMM_KIND_PACKAGE].live_bytes, 30 * MiB);
+    assert_int_equal(s.physical_bytes, 30 * MiB);
+    assert_int_equal(s.retained_reusable_handles, 0);
+  }
+  free_step(a, 0, &pk, S1, "free the assembled package in scope");
+  size_t calls_before_finish = fake_call_count();
   finish_step(a, 0, &scope);
   if (faultless) {
     vmm_snapshot s = tu_snapshot(a);
     assert_int_equal(s.physical_bytes, 0);
     assert_int_equal(s.scopes_finished, 1);
+    assert_int_equal(fake_calls_since(calls_before_finish, VMM_DRV_mem_release), 13);
   }
   /* Second scope, aborted: its memory is held without any driver call until destroy. */
   begin_step(a, 0, &scope);
   void *t6 = alloc_step(a, 0, 4 * MiB, VMM_KIND_TRANSIENT, S1, VMM_OK, "transient 4 MiB (t6)");
   void *t7 = alloc_step(a, 0, 4 * MiB, VMM_KIND_TRANSIENT, S1, VMM_OK, "transient 4 MiB (t7)");
+  void *q = alloc_step(a, 0, 2 * MiB, VMM_KIND_PACKAGE, S1, VMM_OK, "package 2 MiB (q)");
   free_step(a, 0, &t6, S1, "free t6 into the pool");
+  free_step(a, 0, &q, S1, "free q: its handle idle");
   size_t calls_before_abort = fake_call_count();
   abort_step(a, 0, &scope);
   free_step(a, 0, &t7, S1, "free t7 of the aborted scope");
   if (faultless) {
     assert_int_equal(fake_call_count(), calls_before_abort); /* abort and that free made no driver call */
-    assert_int_equal(tu_snapshot(a).kind[VMM_KIND_TRANSIENT].abandoned_bytes, 8 * MiB);
+    vmm_snapshot s = tu_snapshot(a);
+    assert_int_equal(s.kind[VMM_KIND_TRANSIENT].abandoned_bytes, 8 * MiB);
+    assert_int_equal(s.kind[VMM_KIND_PACKAGE].abandoned_bytes, 2 * MiB);
   }
 
   fake_set_integrated(1);
@@ -266,11 +433,26 @@ static void scenario(void) {
   vmm_arena *b = create_step(&cb, "create B (integrated, headroom)");
   if (b) {
     void *x1 = alloc_step(b, 1, 4 * MiB, VMM_KIND_PACKAGE, S1, VMM_OK, "B: package 4 MiB (MemAvailable)");
-    /* Larger than the VA left: the reservation fails, the handle is released, OOM. */
+    /* Larger than the VA left: the reservation fails before any memory is created, OOM. */
     void *x2 = alloc_step(b, 1, 16 * GiB, VMM_KIND_PACKAGE, S1, VMM_ERR_OUT_OF_MEMORY, "B: package 16 GiB");
     if (faultless) assert_non_null(strstr(vmm_arena_last_error(b), "cuMemAddressReserve returned CUDA_ERROR_OUT_OF_MEMORY"));
     free_step(b, 1, &x2, S1, "B: free 16 GiB");
     free_step(b, 1, &x1, S1, "B: free package");
+    /* Pause with a backup to host memory and resume at the same address (the copy entry
+     * points); a failed resume is retried once, and a paused allocation may be freed. */
+    vmm_tag_push("weights");
+    void *w = alloc_step(b, 1, 4 * MiB, VMM_KIND_PACKAGE, S1, VMM_OK, "B: tagged package 4 MiB");
+    vmm_tag_pop();
+    if (w) {
+      expect(b, 1, vmm_arena_pause(b, "weights", VMM_PAUSE_BACKUP), VMM_OK, 1, "B: pause with backup");
+      if (tu_snapshot(b).kind[VMM_KIND_PACKAGE].paused_count) {
+        vmm_status st = vmm_arena_resume(b, "weights");
+        expect(b, 1, st, VMM_OK, 1, "B: resume");
+        if (st != VMM_OK) expect(b, 1, vmm_arena_resume(b, "weights"), VMM_OK, 1, "B: resume, retried");
+      }
+      if (faultless) assert_int_equal(tu_mapped_from(w, 4 * MiB), 4 * MiB);
+    }
+    free_step(b, 1, &w, S1, "B: free the tagged package");
   }
 
   char json[16384];
@@ -305,6 +487,7 @@ static unsigned points_by_entry[VMM_DRV_ENTRY_COUNT];
 static void countdown(CUresult code, int persistent) {
   unsigned points = 0;
   size_t steps = 0;
+  exact_compares = 0;
   for (unsigned n = 1;; n++) {
     run r = {.code = code, .persistent = persistent, .nth = n};
     r.fault_status = code == CUDA_ERROR_OUT_OF_MEMORY ? VMM_ERR_OUT_OF_MEMORY : VMM_ERR_DRIVER;
@@ -321,9 +504,11 @@ static void countdown(CUresult code, int persistent) {
     assert_true(n < 100000);
   }
   total_points += points;
-  printf("countdown %-10s %-26s: %u injection points, %zu checked calls, every run sound\n",
+  printf("countdown %-10s %-26s: %u injection points, %zu checked calls, %u failed allocations left the arena "
+         "as it was, every run sound\n",
          persistent ? "persistent" : "single", code == CUDA_ERROR_OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY" : "CUDA_ERROR_UNKNOWN",
-         points, steps);
+         points, steps, exact_compares);
+  assert_true(exact_compares > 0);
 }
 
 static void fault_free_run_reaches_every_entry_point(void **state) {
@@ -352,12 +537,13 @@ static void persistent_oom(void **state) { (void)state; countdown(CUDA_ERROR_OUT
 static void single_unknown(void **state) { (void)state; countdown(CUDA_ERROR_UNKNOWN, 0); }
 static void persistent_unknown(void **state) { (void)state; countdown(CUDA_ERROR_UNKNOWN, 1); }
 
-/* Destroy meeting a single fault at its call N: an arena holding live, pooled, retained and
- * abandoned memory, with the stream-order event created. Whatever fails, destroy goes on; what
- * is left is exactly the failed call's object: a handle (cuMemRelease), a reservation
- * (cuMemAddressFree), an event, a pushed or retained context, or for cuMemUnmap the mapping
- * and the reservation that still holds it (whose cuMemAddressFree the fake then counts as
- * misuse). */
+/* Destroy meeting a single fault at its call N: an arena holding live, pooled (an assembled
+ * mapping of several handles), retained and abandoned (a mapping and an unmapped handle)
+ * memory, with the stream-order event created. Whatever fails, destroy goes on; what is left
+ * is exactly the failed call's object: a handle (cuMemRelease), a reservation
+ * (cuMemAddressFree), an event, a pushed or retained context, or for cuMemUnmap the range it
+ * was to unmap (one mapping per handle in it) and the reservation that still holds it (whose
+ * cuMemAddressFree the fake then counts as misuse). */
 static vmm_arena *arena_with_everything(void) {
   fake_driver_reset(NULL);
   vmm_config cfg = tu_config();
@@ -368,13 +554,22 @@ static vmm_arena *arena_with_everything(void) {
   void *t1 = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, S1);
   assert_int_equal(vmm_arena_free(a, t1, S1), VMM_OK);
   void *t2 = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, S2); /* t1 again, ordered by the event */
+  void *k = tu_alloc(a, 2 * MiB, VMM_KIND_PACKAGE, S1);
   assert_int_equal(vmm_arena_free(a, t2, S2), VMM_OK);
-  assert_int_equal(vmm_retention_abort(a), VMM_OK); /* t1 abandoned */
+  assert_int_equal(vmm_arena_free(a, k, S1), VMM_OK);  /* an idle handle */
+  assert_int_equal(vmm_retention_abort(a), VMM_OK); /* t1 and k's handle abandoned */
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   void *q = tu_alloc(a, 6 * MiB, VMM_KIND_PACKAGE, S1);
-  assert_int_equal(vmm_arena_free(a, q, S1), VMM_OK); /* retained */
-  void *t3 = tu_alloc(a, 8 * MiB, VMM_KIND_TRANSIENT, S1);
+  assert_int_equal(vmm_arena_free(a, q, S1), VMM_OK); /* three idle 2 MiB handles */
+  void *t3 = tu_alloc(a, 8 * MiB, VMM_KIND_TRANSIENT, S1); /* assembled: q's handles and 2 MiB new */
+  void *r = tu_alloc(a, 2 * MiB, VMM_KIND_PACKAGE, S1);
   assert_int_equal(vmm_arena_free(a, t3, S1), VMM_OK); /* pooled */
+  assert_int_equal(vmm_arena_free(a, r, S1), VMM_OK);  /* retained */
+  vmm_snapshot s = tu_snapshot(a);
+  assert_int_equal(s.assemblies, 1);
+  assert_int_equal(s.kind[VMM_KIND_TRANSIENT].pooled_bytes, 8 * MiB);
+  assert_int_equal(s.kind[VMM_KIND_PACKAGE].retained_bytes, 2 * MiB);
+  assert_int_equal(s.kind[VMM_KIND_TRANSIENT].abandoned_bytes + s.kind[VMM_KIND_PACKAGE].abandoned_bytes, 4 * MiB);
   tu_check(a);
   return a;
 }
@@ -392,14 +587,16 @@ static void destroy_meets_a_fault(void **state) {
       break;
     }
     points++;
-    vmm_driver_entry e = fake_call_at(first + n - 1)->entry;
+    const fake_call *failed = fake_call_at(first + n - 1);
+    vmm_driver_entry e = failed->entry;
     points_by_entry[e]++;
     fake_ledger l;
     fake_get_ledger(&l);
-    size_t handles = e == VMM_DRV_mem_release, reservations = e == VMM_DRV_mem_address_free;
-    size_t mappings = e == VMM_DRV_mem_unmap, misuse = mappings;
-    if (mappings) reservations = 1;
-    if (l.live_handles != handles || l.live_mappings != mappings || l.reservations != reservations ||
+    int unmap = e == VMM_DRV_mem_unmap;
+    size_t handles = e == VMM_DRV_mem_release, reservations = unmap || e == VMM_DRV_mem_address_free;
+    size_t mapped = unmap ? (size_t)failed->a1 : 0, misuse = unmap;
+    if (l.live_handles != handles || l.mapped_bytes != mapped || (l.live_mappings != 0) != unmap ||
+        l.reservations != reservations ||
         l.live_events != (e == VMM_DRV_event_destroy) || l.ctx_pushed != (e == VMM_DRV_ctx_pop_current) ||
         l.primary_retained != (e == VMM_DRV_primary_ctx_release) || l.errors != misuse) {
       (void)fake_ledger_clean();
