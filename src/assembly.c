@@ -138,6 +138,17 @@ static void plan_use(plan *p, vmm_handle *h, size_t *left) {
   *left = h->size >= *left ? 0 : *left - h->size;
 }
 
+/* The plan's unmapped handles left the store's indexes and its counters; while the plan holds
+ * them (until the commit or the undo) they are counted back as retained (sign +1, then -1),
+ * so that a refusal or a failure meanwhile describes what the arena holds. */
+static void count_plan(vmm_arena *a, const plan *p, int sign) {
+  for (uint32_t i = 0; i < p->n_unmapped; i++) {
+    vmm_kind_stats *k = &a->kind[p->use[i]->kind];
+    k->retained_count += (uint64_t)(int64_t)sign;
+    k->retained_bytes += (uint64_t)((int64_t)sign * (int64_t)p->use[i]->size);
+  }
+}
+
 /* Puts back everything the plan took from the store's indexes. */
 static void plan_undo(vmm_arena *a, plan *p) {
   for (uint32_t i = 0; i < p->n_idle; i++) {
@@ -319,6 +330,7 @@ vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode 
       return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for an assembly");
     }
     plan_idle(a, &p, req->rounded, mode == VMM_ASSEMBLE_PADDED);
+    count_plan(a, &p, +1);
   } else {
     p.fresh = req->rounded;
   }
@@ -367,6 +379,7 @@ vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode 
     goto undo_created_only;
   }
   /* commit */
+  count_plan(a, &p, -1);
   commit_apart(a, &p);
   attach_handles(m, slots, p.n_idle + n_new);
   vmm_add_mapped(a, extent);
@@ -401,6 +414,7 @@ undo_record:
   free(slots);
   if (!into) vmm_mapping_free(m);
 undo_plan:
+  count_plan(a, &p, -1);
   plan_undo(a, &p);
   free(p.use);
   free(p.apart);

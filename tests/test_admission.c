@@ -327,6 +327,29 @@ static void driver_out_of_memory(void **state) {
   tu_destroy(a);
 }
 
+/* The driver refuses the part of an assembly that idle handles do not cover: the refusal
+ * says what the arena holds, the idle handle the assembly had chosen included. */
+static void driver_out_of_memory_during_an_assembly(void **state) {
+  (void)state;
+  fake_options opts = {.capacity = 8 * MiB};
+  vmm_arena *a = arena_with(&opts, 0, 0, 1);
+  void *idle = tu_alloc(a, 4 * MiB, VMM_KIND_PACKAGE, S); /* one handle, idle once freed in the scope */
+  void *live = tu_alloc(a, 4 * MiB, VMM_KIND_PACKAGE, S);
+  assert_int_equal(vmm_retention_begin(a), VMM_OK);
+  assert_int_equal(vmm_arena_free(a, idle, S), VMM_OK);
+  char r[96];
+  const char *needles[] = {"transient 8.0 MiB refused", req(r, 8 * MiB, 8 * MiB),
+                           "cuMemCreate returned CUDA_ERROR_OUT_OF_MEMORY; device free 0 B of 8.0 MiB",
+                           "arena holds 4.0 MiB live (package 4.0 MiB, transient 0 B), 0 B pooled, 4.0 MiB retained",
+                           NULL};
+  vmm_snapshot s = expect_refusal(a, 8 * MiB, VMM_KIND_TRANSIENT, needles);
+  assert_int_equal(s.oom_refusals, 1);
+  assert_int_equal(s.retained_reusable_bytes, 4 * MiB);
+  assert_int_equal(vmm_retention_finish(a), VMM_OK);
+  assert_int_equal(vmm_arena_free(a, live, S), VMM_OK);
+  tu_destroy(a);
+}
+
 /* ---- The pool fallback inside a retention scope --------------------------------------- */
 
 /* A transient refusal inside the scope hands out a pooled mapping that fits (whatever the reuse
@@ -482,6 +505,7 @@ int main(void) {
       cmocka_unit_test(limit_zero_is_none),
       cmocka_unit_test(limit_counts_retained_and_pooled),
       cmocka_unit_test(driver_out_of_memory),
+      cmocka_unit_test(driver_out_of_memory_during_an_assembly),
       cmocka_unit_test(refusal_falls_back_to_pool),
       cmocka_unit_test(fallback_finds_nothing_then_assembles),
       cmocka_unit_test(host_memory_unreadable),
