@@ -359,7 +359,13 @@ vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode 
   }
   size_t extent = p.covered + p.fresh;
   vmm_assert(!into || extent == into->extent);
-  if (!into && (st = vmm_ranges_alloc(a, extent, &m->base, &m->reservation)) != VMM_OK) goto undo_record;
+  if (!into && (st = vmm_ranges_alloc(a, extent, &m->base, &m->reservation)) != VMM_OK) {
+    char cause[sizeof a->last_error], b[32]; /* the reservation's message names no request */
+    memcpy(cause, a->last_error, sizeof cause);
+    vmm_fail(a, st, "%s %s (requested %zu B, rounded %zu B): %s", vmm_kind_name(req->kind), vmm_fmt_bytes(extent, b),
+             req->bytes, req->rounded, cause);
+    goto undo_record;
+  }
   /* 3-5. streams, new memory, pooled mappings taken apart */
   if ((st = create_handles(a, req, fresh, n_new)) != VMM_OK) goto undo_range;
   if ((st = unmap_apart(a, &p)) != VMM_OK) goto undo_created;
