@@ -350,14 +350,17 @@ class Storage:
         a MemPool that is still in use). Each open step continues in a fresh pool; the old
         pool's segments that hold no live tensor return to vmmarena now, the others when their
         last tensor is freed and the cache is next emptied. Without this a step holds its
-        eager forwards' cache and the graph's memory at once. Called with this thread's routing
-        suspended."""
+        eager forwards' cache and the graph's memory at once. The arena is then quiesced, so
+        that inside a retention scope the capture may take those mappings although they were
+        freed on other streams (nothing can be ordered after a stream from a capturing one).
+        Called with this thread's routing suspended."""
         steps = [entry for entry in self._stack() if entry["kind"] == "transient"]
         if not steps:
             return
         torch.cuda.synchronize(self.device)
         for entry in steps:
             entry["pool"] = self._new_pool(torch, "transient")  # the old pool's last reference goes
+        _lib.check(self.device, _lib.lib().vmm_torch_quiesce(self.device))
 
     @contextlib.contextmanager
     def tag(self, name):
