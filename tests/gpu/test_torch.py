@@ -475,6 +475,34 @@ def test_capture_in_a_step_returns_the_steps_cached_blocks():
     check(storage.snapshot()["stray_transient"]["count"] == 0, "the step's memory did not come back")
 
 
+def test_capture_in_a_step_reuses_the_steps_memory_under_retention():
+    """Inside a retention scope the step's cached blocks go to vmmarena's pool before the
+    capture, and the capture (on another stream) takes them instead of new memory."""
+    g = torch.cuda.CUDAGraph()
+    storage.release()
+    with storage.retain_transient_backing():
+        with storage.transient():
+            big = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
+            big.fill_(3)
+            del big
+            s0 = storage.snapshot()
+            with storage.graph(g, stream=CAPTURE_STREAM):
+                scratch = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
+                scratch.fill_(4)
+                total = scratch.sum(dtype=torch.int64)
+            s1 = storage.snapshot()
+            g.replay()
+            torch.cuda.synchronize()
+            check(int(total) == 4 * 256 * MiB, f"the graph summed {int(total)}")
+    grown = s1["totals"]["physical_bytes"] - s0["totals"]["physical_bytes"]
+    hits = s1["pool"]["hits"] - s0["pool"]["hits"]
+    print(f"  the capture took {hits} pooled mapping(s); physical memory grew {grown // MiB} MiB")
+    check(hits >= 1, "the capture did not take the step's pooled mapping")
+    check(grown < 256 * MiB, f"the capture mapped {grown} new bytes instead of reusing the step's 256 MiB")
+    del g, scratch, total
+    storage.release()
+
+
 def test_snapshot_fields_the_benchmark_reads():
     """bench/torch_breakdown.py reads torch.cuda.memory._snapshot(), a private function:
     this fails when the fields it relies on change."""
@@ -616,6 +644,7 @@ TESTS = [
     test_graph_captured_in_a_step_replays_after_finish,
     test_graph_captured_into_the_package_pool,
     test_capture_in_a_step_returns_the_steps_cached_blocks,
+    test_capture_in_a_step_reuses_the_steps_memory_under_retention,
     test_everything_is_released,
 ]
 check(len(TESTS) == len([name for name in globals() if name.startswith("test_")]), "a test is not listed")
