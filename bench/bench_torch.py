@@ -63,14 +63,16 @@ def base_mode(mode):
 
 
 class StepSeries:
-    """Observer of the workload: the memory held after each step, and the time spent
-    entering and leaving the steps. Its own time is counted so it can be taken out of the
-    warmup time."""
+    """Observer of the workload: the memory held after each step, and the time from each
+    phase of a step to the next (entering the step, the eager forward, the side forward, the
+    capture, the replay, leaving the step), summed over the steps. Its own time is counted
+    so it can be taken out of the warmup time."""
 
     def __init__(self, torch, storage):
         self.torch, self.storage = torch, storage
         self.rows = []
-        self.own_s = self.enter_s = self.exit_s = 0.0
+        self.own_s = 0.0
+        self.phase_s = {}
         self.outside_peak = 0
         self._t = {}
 
@@ -94,13 +96,14 @@ class StepSeries:
 
     def __call__(self, step, phase, **info):
         t0 = time.perf_counter()
+        if phase != "start":  # the time since the previous phase, per phase, over all steps
+            previous = torch_workload.PHASES[torch_workload.PHASES.index(phase) - 1]
+            self.phase_s[phase] = self.phase_s.get(phase, 0.0) + t0 - self._t[previous]
         self._t[phase] = t0
-        if phase == "entered":
-            self.enter_s += t0 - self._t["start"]
-        elif phase == "end":
-            self.exit_s += t0 - self._t["left"]
+        if phase == "end":
             self.rows.append(dict(step=step, **self.held()))
         self.own_s += time.perf_counter() - t0
+        self._t[phase] += time.perf_counter() - t0  # the next phase's time leaves this call out
 
 
 def wait_for_turn(ready, go, timeout):
@@ -143,8 +146,7 @@ def worker(job):
         "catalog": catalog.name,
         "warmup_s": warmup_s - own_s,
         "observer_s": own_s,
-        "step_enter_s": series.enter_s,
-        "step_exit_s": series.exit_s,
+        "phase_s": series.phase_s,
         "torch_reserved_peak_bytes": torch.cuda.max_memory_reserved(0),
         "graph_operands": len(operands),
         "steps": series.rows,
@@ -278,6 +280,11 @@ def report(runs):
                 f"{ratio(r['peak_bytes'], expandable and expandable['peak_bytes'])} | {r['warmup_s']:.2f} s | "
                 f"{ratio(r['warmup_s'], native and native['warmup_s'])} | {r.get('max_abs_diff_vs_native', float('nan')):.3g} |"
             )
+        phases = torch_workload.PHASES[1:]
+        print(f"\nseconds from the previous phase, summed over the steps: {', '.join(phases)}")
+        for mode, r in modes.items():
+            got = r.get("phase_s", {})
+            print(f"  {mode}: " + " ".join(f"{got.get(p, 0.0):.2f}" for p in phases))
         if native is None:
             continue
         for mode, r in modes.items():
