@@ -13,6 +13,7 @@ docs/memviz.md (the dict of torch.cuda.memory._snapshot()), checked here without
 Environment: PYTHONPATH = shim/python (or an installed vmmarena).
 """
 
+import glob
 import gzip
 import os
 import pickle
@@ -339,9 +340,13 @@ class RecordedTraces(unittest.TestCase):
         self.assertLess(counts["segment_alloc"], ok_allocs, "pool hits make no segment")
         self.assertIn(f"{len(snap['segments'])} segments at the end", out)
 
-    def test_synthetic_trace(self):
-        snap, counts, _ = self.run_memviz(SYNTHETIC_TRACE)
-        self.assertGreater(counts["alloc"], 0)
+    def test_every_committed_trace(self):
+        traces = sorted(glob.glob(os.path.join(ROOT, "bench", "traces", "*.trace.gz")))
+        self.assertIn(os.path.abspath(SYNTHETIC_TRACE), [os.path.abspath(t) for t in traces])
+        for trace in traces:
+            with self.subTest(trace=os.path.basename(trace)):
+                _, counts, _ = self.run_memviz(trace)
+                self.assertGreater(counts["alloc"], 0)
 
     def test_usage_errors(self):
         r = subprocess.run([sys.executable, "-m", "vmmarena", "memviz", "/nonexistent.trace", "-o", "/tmp/x.pickle"],
