@@ -487,19 +487,20 @@ def test_capture_in_a_step_reuses_the_steps_memory_under_retention():
             del big
             s0 = storage.snapshot()
             with storage.graph(g, stream=CAPTURE_STREAM):
+                # Only the 256 MiB block: no operation here may need a temporary of its own
+                # (a dtype-converting reduction would allocate one as large again, or larger).
                 scratch = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
                 scratch.fill_(4)
-                total = scratch.sum(dtype=torch.int64)
             s1 = storage.snapshot()
             g.replay()
             torch.cuda.synchronize()
-            check(int(total) == 4 * 256 * MiB, f"the graph summed {int(total)}")
+            check(bool((scratch == 4).all()), "the graph's fill did not land")
     grown = s1["totals"]["physical_bytes"] - s0["totals"]["physical_bytes"]
     hits = s1["pool"]["hits"] - s0["pool"]["hits"]
     print(f"  the capture took {hits} pooled mapping(s); physical memory grew {grown // MiB} MiB")
     check(hits >= 1, "the capture did not take the step's pooled mapping")
     check(grown < 256 * MiB, f"the capture mapped {grown} new bytes instead of reusing the step's 256 MiB")
-    del g, scratch, total
+    del g, scratch
     storage.release()
 
 
