@@ -312,7 +312,8 @@ def report(runs):
 
 
 def plot(data, plot_dir):
-    """One PNG per catalog: the memory held after each step, one line per mode."""
+    """One PNG per catalog: the memory held after each step and the peak so far, one colour
+    per mode."""
     try:
         import matplotlib
 
@@ -330,9 +331,11 @@ def plot(data, plot_dir):
                 continue
             steps = [row["step"] for row in r["steps"]]
             held = [row["held"] / GIB for row in r["steps"]]
-            ax.plot(steps, held, marker=".", label=f"{mode} (peak {r['peak_bytes'] / GIB:.2f} GiB)")
+            line = ax.plot(steps, held, marker=".", label=f"{mode} (peak {r['peak_bytes'] / GIB:.2f} GiB)")[0]
+            peak = [row["peak"] / GIB for row in r["steps"]]
+            ax.plot(steps, peak, linestyle="--", linewidth=0.8, color=line.get_color())
         ax.set_xlabel("warmup step")
-        ax.set_ylabel("memory held after the step (GiB)")
+        ax.set_ylabel("GiB held after the step (dashed: peak so far)")
         ax.set_title(f"{catalog}: {data.get('machine', {}).get('nvidia_smi', '')}", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
