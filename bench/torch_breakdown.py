@@ -99,7 +99,10 @@ class Probe:
             row["reserved"] += s["total_size"]
             row["live"] += sum(b["size"] for b in live)
             if with_blocks and pool not in ("package", "default"):
-                blocks += [{"pool": pool, "stream": stream, "size": b["size"], "segment": s["total_size"]} for b in live]
+                blocks += [
+                    {"pool": pool, "stream": stream, "size": b["size"], "segment": s["total_size"], "at": s["address"]}
+                    for b in live
+                ]
         out = {"by": by, "reserved": sum(s["total_size"] for s in segs)}
         if with_blocks:
             out["live_blocks_outside_package"] = blocks
@@ -201,7 +204,7 @@ def print_summary(runs):
         for mode, b in probed.items():
             end = b["steps"][index]["phases"]["end"]
             blocks = end.get("live_blocks_outside_package", [])
-            held = sum(x["segment"] for x in {(x["pool"], x["stream"], x["segment"]): x for x in blocks}.values())
+            held = sum({x.get("at", i): x["segment"] for i, x in enumerate(blocks)}.values())  # each segment once
             print(
                 f"{mode}: after step {index}, {len(blocks)} live blocks outside package/default pools, "
                 f"{sum(x['size'] for x in blocks) / 2**20:.0f} MiB in segments of {held / 2**20:.0f} MiB"
