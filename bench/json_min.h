@@ -1,4 +1,4 @@
-/* json_min: a small strict JSON parser (RFC 8259) for the snapshot viewer and the tests.
+/* json_min: a small strict JSON parser (RFC 8259) for the snapshot test (tests/test_snapshot.c).
  *
  * Strict means: one value per document, nothing but whitespace around it; no trailing commas,
  * comments, leading zeros, NaN or Infinity; strings must be valid UTF-8 (no overlong forms, no

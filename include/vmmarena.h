@@ -7,16 +7,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "vmmarena/api.h"
 #include "vmmarena/driver.h"
 
 #ifdef __cplusplus
 extern "C" {
-#endif
-
-#if defined(VMMARENA_BUILD)
-#define VMM_API __attribute__((visibility("default")))
-#else
-#define VMM_API
 #endif
 
 #define VMMARENA_VERSION_MAJOR 0

@@ -46,7 +46,8 @@ static uint8_t *read_file(const char *path, size_t *size) {
 /* Replays every regular file of <fuzz dir>/<sub>/<fuzzer>; returns how many. */
 static size_t replay(const char *sub, const char *fuzzer, void (*run)(const uint8_t *, size_t)) {
   char path[4096];
-  snprintf(path, sizeof path, "%s/%s/%s", fuzz_dir(), sub, fuzzer);
+  int n = snprintf(path, sizeof path, "%s/%s/%s", fuzz_dir(), sub, fuzzer);
+  assert_true(n > 0 && (size_t)n < sizeof path); /* a longer path would be cut */
   DIR *d = opendir(path);
   if (!d) return 0;
   size_t count = 0;

@@ -17,6 +17,8 @@
 #include <cuda.h>
 #include <stddef.h>
 
+#include "api.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -173,11 +175,11 @@ struct vmm_driver {
 };
 
 /* Name of an entry point as the driver spells it ("cuMemCreate"). */
-const char *vmm_driver_entry_name(vmm_driver_entry entry);
+VMM_API const char *vmm_driver_entry_name(vmm_driver_entry entry);
 
 /* The real table, loaded from libcuda.so.1 on first use. Returns NULL where no driver is
  * found; *why (if non-NULL) then says what was missing. Thread-safe; loaded once. */
-const struct vmm_driver *vmm_driver_cuda(const char **why);
+VMM_API const struct vmm_driver *vmm_driver_cuda(const char **why);
 
 #ifdef __cplusplus
 }

@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "api.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -49,17 +51,17 @@ typedef struct vmm_trace_record {
 typedef struct vmm_trace_writer vmm_trace_writer;
 
 /* Opens path for writing (buffered); NULL on failure with errno set. */
-vmm_trace_writer *vmm_trace_open(const char *path);
+VMM_API vmm_trace_writer *vmm_trace_open(const char *path);
 /* rec->t_ns is a CLOCK_MONOTONIC time in ns; the line carries it as time since the open. */
-void vmm_trace_write(vmm_trace_writer *w, const vmm_trace_record *rec);
-void vmm_trace_close(vmm_trace_writer *w);
+VMM_API void vmm_trace_write(vmm_trace_writer *w, const vmm_trace_record *rec);
+VMM_API void vmm_trace_close(vmm_trace_writer *w);
 
 /* Formats one record as a line (with '\n'); returns its length, or the length needed if
  * cap is too small (like snprintf). */
-size_t vmm_trace_format(const vmm_trace_record *rec, char *buf, size_t cap);
+VMM_API size_t vmm_trace_format(const vmm_trace_record *rec, char *buf, size_t cap);
 /* Parses one line (without or with its '\n'). Returns 1 for a record, 0 for a header,
  * comment or blank line, -1 for a malformed line (why, if non-NULL, says what is wrong). */
-int vmm_trace_parse_line(const char *line, size_t len, vmm_trace_record *rec, const char **why);
+VMM_API int vmm_trace_parse_line(const char *line, size_t len, vmm_trace_record *rec, const char **why);
 
 #ifdef __cplusplus
 }

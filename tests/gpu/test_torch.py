@@ -23,7 +23,6 @@ import vmmarena  # noqa: E402
 MiB = 1 << 20
 GiB = 1 << 30
 DEV = 0
-SLEEP_CYCLES = 1_000_000_000  # torch.cuda._sleep: about half a second at H200 clocks
 
 
 # ---- Workloads (the same code runs on PyTorch's allocator and on vmmarena) -------------
@@ -73,6 +72,13 @@ def containing(snap, ptr):
         if base <= ptr < base + m["extent"]:
             return m
     return None
+
+
+def check(condition, message):
+    """Raises AssertionError(message) when condition is false. Unlike assert, it stays
+    under python -O."""
+    if not condition:
+        raise AssertionError(message)
 
 
 def assert_same(out, ref, what):
@@ -202,15 +208,15 @@ def test_matmul_matches_default_allocator():
     with storage.package():
         out = matmul_product()
     m = containing(storage.snapshot(), out.data_ptr())
-    assert m and m["kind"] == "package", f"package result not in a package mapping: {m}"
+    check(m and m["kind"] == "package", f"package result not in a package mapping: {m}")
     assert_same(out, REF["matmul"], "matmul in package()")
     with storage.transient():
         step_out = matmul_product()
         m = containing(storage.snapshot(), step_out.data_ptr())
-        assert m and m["kind"] == "transient" and m["state"] == "live", f"step result mapping: {m}"
+        check(m and m["kind"] == "transient" and m["state"] == "live", f"step result mapping: {m}")
         assert_same(step_out, REF["matmul"], "matmul in transient()")
         del step_out
-    assert storage.snapshot()["stray_transient"]["count"] == 0, "the step left transient memory behind"
+    check(storage.snapshot()["stray_transient"]["count"] == 0, "the step left transient memory behind")
 
 
 def test_model_forward_matches_default_allocator():
@@ -218,7 +224,8 @@ def test_model_forward_matches_default_allocator():
     with storage.package():
         MODEL, X = build_model(), make_input(3)
         assert_same(MODEL(X), REF["model"], "model forward in package()")
-    assert containing(storage.snapshot(), MODEL[0].qkv.weight.data_ptr())["kind"] == "package"
+    weights = containing(storage.snapshot(), MODEL[0].qkv.weight.data_ptr())
+    check(weights and weights["kind"] == "package", f"weights built in package() are in {weights}")
     with storage.transient():
         assert_same(MODEL(X), REF["model"], "model forward in transient()")
 
@@ -239,12 +246,12 @@ def test_twelve_warmups_reuse_the_first_steps_mappings():
     hits = s12["pool"]["hits"] - s1["pool"]["hits"]
     grown = s1["totals"]["physical_bytes"] - s0["totals"]["physical_bytes"]
     print(f"  step 1 mapped {made} segment(s), {grown / MiB:.0f} MiB ({kept} kept); steps 2-12: {hits} pool hits")
-    assert made >= 1 and grown > 0, f"step 1 made {made} mappings, {grown} bytes"
-    assert s12["pool"]["misses"] == s1["pool"]["misses"], "a later step needed new memory"
-    assert hits == 11 * (made - kept), f"{hits} hits for 11 steps of {made - kept} returned segments"
-    assert s12["totals"]["physical_bytes"] == s1["totals"]["physical_bytes"], "physical memory grew"
-    assert end["pool"]["retained_reusable_handles"] == 0, "finish left the pool full"
-    assert end["totals"]["physical_bytes"] == s0["totals"]["physical_bytes"], "finish did not release"
+    check(made >= 1 and grown > 0, f"step 1 made {made} mappings, {grown} bytes")
+    check(s12["pool"]["misses"] == s1["pool"]["misses"], "a later step needed new memory")
+    check(hits == 11 * (made - kept), f"{hits} hits for 11 steps of {made - kept} returned segments")
+    check(s12["totals"]["physical_bytes"] == s1["totals"]["physical_bytes"], "physical memory grew")
+    check(end["pool"]["retained_reusable_handles"] == 0, "finish left the pool full")
+    check(end["totals"]["physical_bytes"] == s0["totals"]["physical_bytes"], "finish did not release")
 
 
 def test_without_reuse_or_retention_no_mapping_is_reused():
@@ -254,11 +261,11 @@ def test_without_reuse_or_retention_no_mapping_is_reused():
     runs = {"reuse none": none, "retain off": off, "exact": on}
     print("  physical MiB after steps 1 and 12: "
           + ", ".join(f"{name} {r['physical'][0] // MiB} -> {r['physical'][-1] // MiB}" for name, r in runs.items()))
-    assert none["hits"][-1] == 0 and off["hits"][-1] == 0, (none["hits"], off["hits"])
-    assert none["physical"][-1] >= 10 * none["physical"][0] > 0, f"reuse none did not grow: {none['physical']}"
+    check(none["hits"][-1] == 0 and off["hits"][-1] == 0, (none["hits"], off["hits"]))
+    check(none["physical"][-1] >= 10 * none["physical"][0] > 0, f"reuse none did not grow: {none['physical']}")
     per_step = off["creates"][0]
-    assert off["creates"][-1] >= 12 * per_step > 0, f"retain off: cuMemCreate calls {off['creates']}"
-    assert on["physical"][-1] == on["physical"][0] and on["hits"][-1] > 0, (on["physical"], on["hits"])
+    check(off["creates"][-1] >= 12 * per_step > 0, f"retain off: cuMemCreate calls {off['creates']}")
+    check(on["physical"][-1] == on["physical"][0] and on["hits"][-1] > 0, (on["physical"], on["hits"]))
 
 
 def test_graph_captured_in_a_step_replays_after_finish():
@@ -281,13 +288,13 @@ def test_graph_captured_in_a_step_replays_after_finish():
     static_x.copy_(x_next)
     g.replay()  # after the scope finished
     torch.cuda.synchronize()
-    assert made_in_capture >= 1, "no segment was allocated during capture"
-    assert static_sum.item() == 64 * MiB // 4
+    check(made_in_capture >= 1, "no segment was allocated during capture")
+    check(static_sum.item() == 64 * MiB // 4, f"graph replay summed {static_sum.item()}, expected {64 * MiB // 4}")
     assert_same(static_y, MODEL(x_next), "graph replay after finish")
-    assert strays["count"] >= 1, "the graph's memory is not reported outside the step"
+    check(strays["count"] >= 1, "the graph's memory is not reported outside the step")
     del g, static_x, static_y, scratch, static_sum
     storage.release()
-    assert storage.snapshot()["stray_transient"]["count"] == 0, "graph memory not returned"
+    check(storage.snapshot()["stray_transient"]["count"] == 0, "graph memory not returned")
 
 
 def test_graph_captured_into_the_package_pool():
@@ -297,11 +304,12 @@ def test_graph_captured_into_the_package_pool():
     allocs = storage.snapshot()["totals"]["allocs"]
     with storage.graph(g, stream=CAPTURE_STREAM):  # outside any context: package memory
         y = torch.relu(a @ a) + 1
-    assert storage.snapshot()["totals"]["allocs"] > allocs, "the capture allocated nothing from vmmarena"
+    check(storage.snapshot()["totals"]["allocs"] > allocs, "the capture allocated nothing from vmmarena")
     a.copy_(torch.randn(1024, 1024, device="cuda"))
     g.replay()
     torch.cuda.synchronize()
-    assert containing(storage.snapshot(), y.data_ptr())["kind"] == "package"
+    out = containing(storage.snapshot(), y.data_ptr())
+    check(out and out["kind"] == "package", f"the graph's output is in {out}, not package memory")
     assert_same(y, torch.relu(a @ a) + 1, "package graph replay")
     del g, a, y
 
@@ -315,73 +323,205 @@ class _DeviceBytes:
         }
 
 
+def spin_cycles(ms):
+    """torch.cuda._sleep cycles that keep a stream busy for about `ms` milliseconds, timed with
+    CUDA events (the clock rate varies from card to card and with load)."""
+    stream = torch.cuda.Stream()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    trial = 20_000_000
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(1000)  # the kernel's first launch, outside the timing
+        start.record(stream)
+        torch.cuda._sleep(trial)
+        stop.record(stream)
+    stop.synchronize()
+    elapsed = start.elapsed_time(stop)
+    check(elapsed > 0, f"a spin of {trial} cycles took {elapsed} ms")
+    return int(trial * ms / elapsed)
+
+
+def load_kernels(*streams):
+    """Launches, once on each stream, every kernel the cross-stream tests queue behind a spin.
+    The first launch of a kernel loads it (CUDA loads modules lazily), and loading can wait for
+    the whole device: behind a spinning stream A that wait would let A finish before the free
+    and the reuse, and the test would prove nothing."""
+    probe = torch.empty(MiB, dtype=torch.uint8, device="cuda")
+    for stream in streams:
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(1000)
+            probe.fill_(1)
+            probe.fill_(2)
+    torch.cuda.synchronize()
+    check(bool((probe == 2).all()), "the kernel warm-up fill did not land")
+
+
+SPIN_MS = 1500  # stream A's spin: far longer than the free and the reuse take on the host
+
+
 def test_reuse_on_another_stream_while_the_first_is_busy():
     """The shim's own free and allocate, with PyTorch kernels on the memory: stream A is
-    still running (a spin kernel, then a fill of 1s) when its mapping is freed and handed to
-    stream B, which fills 2s. Without the ordering B's fill would run first and be overwritten."""
+    still running (a calibrated spin, then a fill of 1s) when its mapping is freed and handed
+    to stream B, which fills 2s. An event after A's fill shows A busy at the free and at the
+    reuse; without the ordering B's fill would run first and be overwritten."""
     n = 64 * MiB
     shim = vmmarena._lib.lib()
     stream_a, stream_b = torch.cuda.Stream(), torch.cuda.Stream()
+    cycles = spin_cycles(SPIN_MS)
+    load_kernels(stream_a, stream_b)
+    a_done = torch.cuda.Event()
     with storage.retain_transient_backing():
         ptr = shim.vmm_torch_transient_allocate(n, DEV, stream_a.cuda_stream)
-        assert ptr, storage.last_error()
+        check(ptr, storage.last_error())
         x = torch.as_tensor(_DeviceBytes(ptr, n), device="cuda")
+        t0 = time.perf_counter()
         with torch.cuda.stream(stream_a):
-            torch.cuda._sleep(2 * SLEEP_CYCLES)
+            torch.cuda._sleep(cycles)
             x.fill_(1)
+            a_done.record(stream_a)
         del x
         shim.vmm_torch_free(ptr, n, DEV, stream_a.cuda_stream)
-        busy_after_free = not stream_a.query()
+        busy_at_free = not a_done.query()
         again = shim.vmm_torch_transient_allocate(n, DEV, stream_b.cuda_stream)
+        check(again, storage.last_error())
         y = torch.as_tensor(_DeviceBytes(again, n), device="cuda")
         with torch.cuda.stream(stream_b):
             y.fill_(2)
-        busy_at_reuse = not stream_a.query()
+        busy_at_reuse = not a_done.query()
+        host_ms = (time.perf_counter() - t0) * 1e3
         torch.cuda.synchronize()
         intact = bool((y == 2).all())
         del y
         shim.vmm_torch_free(again, n, DEV, stream_b.cuda_stream)
-    assert again == ptr, "stream B did not get the mapping stream A freed"
-    assert busy_after_free and busy_at_reuse, "stream A was idle at the free or the reuse: nothing was tested"
-    assert intact, "stream B's fill was overwritten by stream A's: the reuse was not ordered"
+    print(f"  spin {cycles} cycles (~{SPIN_MS} ms); free and reuse done {host_ms:.1f} ms after the launch")
+    check(again == ptr, "stream B did not get the mapping stream A freed")
+    check(busy_at_free, f"stream A had finished at the free ({host_ms:.0f} ms): nothing was tested")
+    check(busy_at_reuse, f"stream A had finished at the reuse ({host_ms:.0f} ms): nothing was tested")
+    check(intact, "stream B's fill was overwritten by stream A's: the reuse was not ordered")
 
 
 def test_reuse_after_pytorch_releases_a_pool_on_another_stream():
     """The same through PyTorch: a MemPool dropped while its stream is busy returns the
-    segment, and a pool on another stream gets it. Reports whether stream A was still busy
-    (PyTorch may wait for it while releasing)."""
+    segment, and a pool on another stream gets it while stream A is still busy."""
     n = 64 * MiB
     stream_a, stream_b = torch.cuda.Stream(), torch.cuda.Stream()
+    cycles = spin_cycles(SPIN_MS)
+    load_kernels(stream_a, stream_b)
     transient = vmmarena.allocator("transient").allocator()
+    a_done = torch.cuda.Event()
     with storage.retain_transient_backing():
         pool = torch.cuda.MemPool(transient)
         with torch.cuda.stream(stream_a), torch.cuda.use_mem_pool(pool):
             x = torch.empty(n, dtype=torch.uint8, device="cuda")
         ptr = x.data_ptr()
-        t0 = time.perf_counter()
         with torch.cuda.stream(stream_a):
-            torch.cuda._sleep(SLEEP_CYCLES)
+            torch.cuda._sleep(cycles)
             x.fill_(1)
-        busy = {"launched": not stream_a.query()}
+            a_done.record(stream_a)
+        busy = {"launched": not a_done.query()}
         del x
-        busy["tensor freed"] = not stream_a.query()
+        busy["tensor freed"] = not a_done.query()
         del pool  # ~MemPool hands the segment back: to vmmarena's pool, inside the scope
-        busy["pool dropped"] = not stream_a.query()
+        busy["pool dropped"] = not a_done.query()
         pooled = storage.snapshot()["pool"]["retained_reusable_handles"]
         pool = torch.cuda.MemPool(transient)
         with torch.cuda.stream(stream_b), torch.cuda.use_mem_pool(pool):
             y = torch.empty(n, dtype=torch.uint8, device="cuda")
-            busy["reused"] = not stream_a.query()
+            busy["reused"] = not a_done.query()
             y.fill_(2)
-        elapsed = time.perf_counter() - t0
         torch.cuda.synchronize()
         intact = bool((y == 2).all())
         reused = y.data_ptr() == ptr
         del y, pool
-    print(f"  stream A busy: {busy} ({elapsed * 1e3:.0f} ms after the spin kernel's launch)")
-    assert pooled >= 1, "the segment did not reach vmmarena's pool"
-    assert reused, "stream B did not get the mapping stream A freed"
-    assert intact, "stream B's fill was overwritten by stream A's: the reuse was not ordered"
+    print(f"  stream A busy: {busy}")
+    check(pooled >= 1, "the segment did not reach vmmarena's pool")
+    check(reused, "stream B did not get the mapping stream A freed")
+    check(
+        busy["reused"],
+        f"stream A had finished when stream B reused its memory ({busy}): PyTorch or vmmarena waited, nothing was tested",
+    )
+    check(intact, "stream B's fill was overwritten by stream A's: the reuse was not ordered")
+
+
+def test_capture_in_a_step_returns_the_steps_cached_blocks():
+    """storage.graph() inside a step gives the step's free cached blocks back before the
+    capture, as torch.cuda.graph() empties PyTorch's own cache: a step holds its eager
+    forwards' memory or its graph's, not both."""
+    g = torch.cuda.CUDAGraph()
+    with storage.transient():
+        big = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
+        big.fill_(3)
+        del big  # cached free in the step's pool
+        kept = torch.full((MiB,), 5, dtype=torch.uint8, device="cuda")  # live across the capture
+        before = storage.snapshot()["kinds"]["transient"]["live_bytes"]
+        with storage.graph(g, stream=CAPTURE_STREAM):
+            out = kept * 2
+        after_capture = storage.snapshot()["kinds"]["transient"]["live_bytes"]
+        later = torch.ones(MiB, dtype=torch.uint8, device="cuda")  # the step goes on in a fresh pool
+        in_step = containing(storage.snapshot(), later.data_ptr())
+        g.replay()
+        torch.cuda.synchronize()
+        check(bool((out == 10).all()), "the graph read the live tensor wrongly")
+        check(bool((kept == 5).all()), "a tensor alive across the capture lost its data")
+        del later
+    print(f"  transient live {before // MiB} MiB before the capture, {after_capture // MiB} MiB after")
+    # The capture itself maps at most one 2 MiB segment (for `out`).
+    check(
+        before - after_capture >= 254 * MiB,
+        f"the step's 256 MiB cached block was not given back (live transient {before} -> {after_capture} bytes)",
+    )
+    check(in_step and in_step["kind"] == "transient", f"after the capture the step allocated in {in_step}")
+    del g, out, kept
+    storage.release()
+    check(storage.snapshot()["stray_transient"]["count"] == 0, "the step's memory did not come back")
+
+
+def test_capture_in_a_step_reuses_the_steps_memory_under_retention():
+    """Inside a retention scope the step's cached blocks go to vmmarena's pool before the
+    capture, and the capture (on another stream) takes them instead of new memory."""
+    g = torch.cuda.CUDAGraph()
+    storage.release()
+    with storage.retain_transient_backing():
+        with storage.transient():
+            big = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
+            big.fill_(3)
+            del big
+            s0 = storage.snapshot()
+            with storage.graph(g, stream=CAPTURE_STREAM):
+                # Only the 256 MiB block: no operation here may need a temporary of its own
+                # (a dtype-converting reduction would allocate one as large again, or larger).
+                scratch = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
+                scratch.fill_(4)
+            s1 = storage.snapshot()
+            g.replay()
+            torch.cuda.synchronize()
+            check(bool((scratch == 4).all()), "the graph's fill did not land")
+    grown = s1["totals"]["physical_bytes"] - s0["totals"]["physical_bytes"]
+    hits = s1["pool"]["hits"] - s0["pool"]["hits"]
+    print(f"  the capture took {hits} pooled mapping(s); physical memory grew {grown // MiB} MiB")
+    check(hits >= 1, "the capture did not take the step's pooled mapping")
+    check(grown < 256 * MiB, f"the capture mapped {grown} new bytes instead of reusing the step's 256 MiB")
+    del g, scratch
+    storage.release()
+
+
+def test_snapshot_fields_the_benchmark_reads():
+    """bench/torch_breakdown.py reads torch.cuda.memory._snapshot(), a private function:
+    this fails when the fields it relies on change."""
+    snapshot = getattr(torch.cuda.memory, "_snapshot", None)
+    check(snapshot is not None, "torch.cuda.memory._snapshot() is gone")
+    pool = torch.cuda.MemPool(vmmarena.allocator("transient").allocator())
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
+    segs = [s for s in snapshot()["segments"] if any(b["address"] == x.data_ptr() for b in s.get("blocks", []))]
+    check(len(segs) == 1, f"{len(segs)} segments hold the tensor")
+    seg = segs[0]
+    for key in ("total_size", "stream", "segment_pool_id", "blocks", "device"):
+        check(key in seg, f"snapshot segments lost {key!r}: {sorted(seg)}")
+    check(tuple(seg["segment_pool_id"]) == tuple(pool.id), f"segment_pool_id {seg['segment_pool_id']} is not {pool.id}")
+    states = {b["state"] for b in seg["blocks"] if b["address"] == x.data_ptr()}
+    check(states == {"active_allocated"}, f"the live block's state is {states}")
+    check(callable(getattr(torch._C, "_cuda_clearCublasWorkspaces", None)), "torch._C._cuda_clearCublasWorkspaces is gone")
+    del x, pool
 
 
 def test_out_of_memory_raises_and_changes_nothing():
@@ -395,34 +535,34 @@ def test_out_of_memory_raises_and_changes_nothing():
     except torch.OutOfMemoryError as e:
         error = e
     after = storage.snapshot()
-    assert error is not None, "no torch.OutOfMemoryError"
+    check(error is not None, "no torch.OutOfMemoryError")
     message = storage.last_error()
-    assert "refused" in message and "CUDA_ERROR_OUT_OF_MEMORY" in message, message
-    assert any("vmmarena" in note for note in getattr(error, "__notes__", [])), "no vmmarena note on the error"
+    check("refused" in message and "CUDA_ERROR_OUT_OF_MEMORY" in message, message)
+    check(any("vmmarena" in note for note in getattr(error, "__notes__", [])), "no vmmarena note on the error")
     for key in ("physical_bytes", "mapped_bytes"):
-        assert after["totals"][key] == before["totals"][key], f"{key} changed"
-    assert after["kinds"] == before["kinds"], "live or pooled memory changed"
-    assert after["fatal_error"] is None, after["fatal_error"]
+        check(after["totals"][key] == before["totals"][key], f"{key} changed")
+    check(after["kinds"] == before["kinds"], "live or pooled memory changed")
+    check(after["fatal_error"] is None, after["fatal_error"])
     with storage.package():
         ok = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda").fill_(7)
-        assert int(ok[-1]) == 7
+        check(int(ok[-1]) == 7, f"an allocation after the refusal reads back {int(ok[-1])}, not 7")
     print(f"  {message}")
 
 
 def test_limit_stops_allocation_with_the_numbers():
     r = child("limit", {"VMMARENA_LIMIT": "4G"})
     print(f"  {r['count']} x 1 GiB held; {r['message']}")
-    assert r["count"] == 4 and r["physical"] == 4 * GiB, r
-    assert "limit 4.0 GiB < 4.0 GiB held + 1.0 GiB requested" in r["message"], r["message"]
-    assert any("limit 4.0 GiB" in note for note in r["notes"]), r["notes"]
-    assert r["limit_refusals"] >= 1, r
+    check(r["count"] == 4 and r["physical"] == 4 * GiB, r)
+    check("limit 4.0 GiB < 4.0 GiB held + 1.0 GiB requested" in r["message"], r["message"])
+    check(any("limit 4.0 GiB" in note for note in r["notes"]), r["notes"])
+    check(r["limit_refusals"] >= 1, r)
 
 
 def test_bad_configuration_is_an_error_not_a_default():
     r = child("bad_config", {"VMMARENA_LIMIT": "lots"})
-    assert r["storage_error"] and 'VMMARENA_LIMIT="lots"' in r["storage_error"], r
-    assert r["oom"], "allocation with a bad configuration did not fail"
-    assert 'VMMARENA_LIMIT="lots"' in r["last_error"], r["last_error"]
+    check(r["storage_error"] and 'VMMARENA_LIMIT="lots"' in r["storage_error"], r)
+    check(r["oom"], "allocation with a bad configuration did not fail")
+    check('VMMARENA_LIMIT="lots"' in r["last_error"], r["last_error"])
 
 
 def test_use_as_default():
@@ -430,10 +570,10 @@ def test_use_as_default():
         vmmarena.use_as_default()
         raise AssertionError("use_as_default() accepted an initialized CUDA")
     except vmmarena.VmmarenaError as e:
-        assert "before CUDA is initialized" in str(e), str(e)
+        check("before CUDA is initialized" in str(e), str(e))
     r = child("default", {})
-    assert r["close"] and r["package_live"] >= 2, r
-    assert "already ran" in r["errors"][0] and "use_as_default('package')" in r["errors"][1], r["errors"]
+    check(r["close"] and r["package_live"] >= 2, r)
+    check("already ran" in r["errors"][0] and "use_as_default('package')" in r["errors"][1], r["errors"])
 
 
 def test_tags_label_segments():
@@ -441,8 +581,9 @@ def test_tags_label_segments():
     with storage.package(), storage.tag("weights"):
         w = torch.empty(37 * MiB, dtype=torch.uint8, device="cuda")
     snap = storage.snapshot()
-    assert containing(snap, w.data_ptr())["tag"] == "weights"
-    assert any(t["tag"] == "weights" and t["bytes"] >= 38 * MiB for t in snap["tags"]), snap["tags"]
+    tagged = containing(snap, w.data_ptr())
+    check(tagged and tagged["tag"] == "weights", f"the tensor's mapping: {tagged}")
+    check(any(t["tag"] == "weights" and t["bytes"] >= 38 * MiB for t in snap["tags"]), snap["tags"])
     del w
 
 
@@ -450,11 +591,11 @@ def test_docs_example_runs_as_written():
     text = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../docs/torch.md")).read()
     example = text.split("## A worked example", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     proc = subprocess.run([sys.executable, "-c", example], capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, f"the example failed:\n{proc.stdout}\n{proc.stderr}"
+    check(proc.returncode == 0, f"the example failed:\n{proc.stdout}\n{proc.stderr}")
     out = dict(line.rsplit(" ", 1) for line in proc.stdout.splitlines())
     print(f"  {proc.stdout.strip()}".replace("\n", "; "))
-    assert int(out["pool hits"]) > 0 and int(out["stray transient"]) == 0, out
-    assert int(out["after release MiB"]) < int(out["physical MiB"]), out
+    check(int(out["pool hits"]) > 0 and int(out["stray transient"]) == 0, out)
+    check(int(out["after release MiB"]) < int(out["physical MiB"]), out)
 
 
 def test_everything_is_released():
@@ -473,14 +614,15 @@ def test_everything_is_released():
     del kept
     storage.release()
     free1 = torch.cuda.mem_get_info(DEV)[0]
-    assert storage.snapshot()["totals"]["physical_bytes"] == held
-    assert abs(free1 - free0) <= 2 * MiB, f"device free memory {free0} before the workload, {free1} after"
+    now = storage.snapshot()["totals"]["physical_bytes"]
+    check(now == held, f"{now} physical bytes after release, {held} before the workload")
+    check(abs(free1 - free0) <= 2 * MiB, f"device free memory {free0} before the workload, {free1} after")
     MODEL = X = None
     storage.release()
     snap = storage.snapshot()
     free2 = torch.cuda.mem_get_info(DEV)[0]
-    assert snap["totals"]["physical_bytes"] == 0 and snap["mappings"] == [], snap["mappings"]
-    assert free2 + 2 * MiB >= free1 + held, f"{held} bytes released, device free {free1} -> {free2}"
+    check(snap["totals"]["physical_bytes"] == 0 and snap["mappings"] == [], snap["mappings"])
+    check(free2 + 2 * MiB >= free1 + held, f"{held} bytes released, device free {free1} -> {free2}")
     storage.check()
 
 
@@ -493,6 +635,7 @@ TESTS = [
     test_without_reuse_or_retention_no_mapping_is_reused,
     test_reuse_on_another_stream_while_the_first_is_busy,
     test_reuse_after_pytorch_releases_a_pool_on_another_stream,
+    test_snapshot_fields_the_benchmark_reads,
     test_out_of_memory_raises_and_changes_nothing,
     test_limit_stops_allocation_with_the_numbers,
     test_bad_configuration_is_an_error_not_a_default,
@@ -501,9 +644,11 @@ TESTS = [
     test_docs_example_runs_as_written,
     test_graph_captured_in_a_step_replays_after_finish,
     test_graph_captured_into_the_package_pool,
+    test_capture_in_a_step_returns_the_steps_cached_blocks,
+    test_capture_in_a_step_reuses_the_steps_memory_under_retention,
     test_everything_is_released,
 ]
-assert len(TESTS) == len([name for name in globals() if name.startswith("test_")]), "a test is not listed"
+check(len(TESTS) == len([name for name in globals() if name.startswith("test_")]), "a test is not listed")
 
 
 def main():

@@ -2,7 +2,8 @@
 the vmmarena package.
 
 Environment (set by the python_shim CMake test): VMMARENA_LIBRARY = the shim,
-VMMARENA_FAKE_DRIVER = libvmmarena_fake_driver.so, PYTHONPATH = shim/python.
+VMMARENA_FAKE_DRIVER = libvmmarena_fake_driver.so, PYTHONPATH = shim/python. tests/wheel-check
+runs it with neither VMMARENA_LIBRARY nor PYTHONPATH, against a pip-installed package.
 """
 
 import ctypes
@@ -70,13 +71,17 @@ class ShimOnFakeDriver(unittest.TestCase):
         self.assertNotIn("torch", sys.modules)
 
     def test_missing_library_path_is_named(self):
-        os.environ["VMMARENA_LIBRARY"], saved = "/nonexistent/libvmmarena_torch.so", os.environ["VMMARENA_LIBRARY"]
+        saved = os.environ.get("VMMARENA_LIBRARY")  # unset when testing an installed package
+        os.environ["VMMARENA_LIBRARY"] = "/nonexistent/libvmmarena_torch.so"
         try:
             with self.assertRaises(vmmarena.VmmarenaError) as cm:
                 vmmarena.library_path()
             self.assertIn("/nonexistent/libvmmarena_torch.so", str(cm.exception))
         finally:
-            os.environ["VMMARENA_LIBRARY"] = saved
+            if saved is None:
+                del os.environ["VMMARENA_LIBRARY"]
+            else:
+                os.environ["VMMARENA_LIBRARY"] = saved
 
     def test_only_torch_entry_points_are_exported(self):
         for hidden in ("vmm_arena_create", "vmm_arena_alloc", "vmm_config_from_env"):

@@ -9,9 +9,10 @@
             with storage.transient():         # one step: temporaries
                 model(torch.randn(shape, device="cuda"))
 
-Pure Python over ctypes; libvmmarena_torch.so is found through $VMMARENA_LIBRARY, next to
-this package, or on the loader's path. Importing vmmarena does not import torch. See
-docs/torch.md.
+Pure Python over ctypes; libvmmarena_torch.so is found through $VMMARENA_LIBRARY, inside
+this package (where `pip install` puts it), or on the loader's path. Importing vmmarena does
+not import torch. See docs/torch.md; the command line (`python3 -m vmmarena stat|memviz`) is
+in docs/python.md.
 """
 
 from ._lib import (
@@ -31,6 +32,7 @@ __all__ = [
     "VmmarenaError",
     "allocator",
     "config_check",
+    "format_snapshot",
     "last_error",
     "library_path",
     "snapshot",
@@ -50,3 +52,10 @@ def snapshot(device=0):
     import json
 
     return json.loads(_snapshot_json(device))
+
+
+def format_snapshot(snapshot):
+    """A snapshot dict (snapshot()) as the tables that `python3 -m vmmarena stat` prints."""
+    from ._stat import render
+
+    return render(snapshot)

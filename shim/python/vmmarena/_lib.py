@@ -41,8 +41,8 @@ _path = None
 
 
 def library_path():
-    """Path of libvmmarena_torch.so: $VMMARENA_LIBRARY, else the copy next to this package,
-    else the dynamic loader's search path (an installed library)."""
+    """Path of libvmmarena_torch.so: $VMMARENA_LIBRARY, else the copy inside this package
+    (a pip install puts it there), else the dynamic loader's search path."""
     env = os.environ.get("VMMARENA_LIBRARY")
     if env:
         if not os.path.isfile(env):

@@ -317,8 +317,10 @@ class Storage:
         `share_with=other_graph` uses that graph's pool instead, as
         torch.cuda.graph(pool=other.pool()) would, for graphs replayed in capture order.
         This thread's open context is suspended during the capture (PyTorch would route the
-        capture's allocations to it, or refuse to capture into it) and resumed after. Other
-        keyword arguments (stream, capture_error_mode) go to torch.cuda.graph."""
+        capture's allocations to it, or refuse to capture into it) and resumed after; the
+        free cached blocks of this thread's open steps are given back first, as
+        torch.cuda.graph() does with PyTorch's own cache. Other keyword arguments (stream,
+        capture_error_mode) go to torch.cuda.graph."""
         torch = self._require_pools()
         if "pool" in kwargs:
             raise TypeError("Storage.graph() makes the graph's pool; pass kind= or share_with= instead of pool=")
@@ -336,10 +338,29 @@ class Storage:
             self._graph_pools.append((weakref.ref(cuda_graph), pool))
         self._suspend_top()
         try:
+            self._release_step_caches(torch)
             with torch.cuda.graph(cuda_graph, pool=pool.id, **kwargs):
                 yield cuda_graph
         finally:
             self._resume_top(torch)
+
+    def _release_step_caches(self, torch):
+        """Before a capture, gives back the free blocks PyTorch caches for this thread's open
+        steps, as torch.cuda.graph() does for its own cache (its empty_cache() does not reach
+        a MemPool that is still in use). Each open step continues in a fresh pool; the old
+        pool's segments that hold no live tensor return to vmmarena now, the others when their
+        last tensor is freed and the cache is next emptied. Without this a step holds its
+        eager forwards' cache and the graph's memory at once. The arena is then quiesced, so
+        that inside a retention scope the capture may take those mappings although they were
+        freed on other streams (nothing can be ordered after a stream from a capturing one).
+        Called with this thread's routing suspended."""
+        steps = [entry for entry in self._stack() if entry["kind"] == "transient"]
+        if not steps:
+            return
+        torch.cuda.synchronize(self.device)
+        for entry in steps:
+            entry["pool"] = self._new_pool(torch, "transient")  # the old pool's last reference goes
+        _lib.check(self.device, _lib.lib().vmm_torch_quiesce(self.device))
 
     @contextlib.contextmanager
     def tag(self, name):

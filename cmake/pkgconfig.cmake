@@ -1,0 +1,37 @@
+# vmmarena.pc: relocatable (the prefix is found from ${pcfiledir}, so `cmake --install
+# --prefix P` works wherever P is). cuda.h's directory is not written into it: where the CUDA
+# toolkit ships a pkg-config module (cuda-<major>.<minor> or cuda), the file requires it;
+# otherwise consumers add the toolkit's include directory themselves (README, "Using it from C").
+if(IS_ABSOLUTE "${CMAKE_INSTALL_LIBDIR}")
+  set(VMMARENA_PC_PREFIX "${CMAKE_INSTALL_PREFIX}")
+  set(VMMARENA_PC_LIBDIR "${CMAKE_INSTALL_LIBDIR}")
+else()
+  file(RELATIVE_PATH up "/root/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/root")
+  string(REGEX REPLACE "/$" "" up "${up}")
+  set(VMMARENA_PC_PREFIX "\${pcfiledir}/${up}")
+  set(VMMARENA_PC_LIBDIR "\${prefix}/${CMAKE_INSTALL_LIBDIR}")
+endif()
+if(IS_ABSOLUTE "${CMAKE_INSTALL_INCLUDEDIR}")
+  set(VMMARENA_PC_INCLUDEDIR "${CMAKE_INSTALL_INCLUDEDIR}")
+else()
+  set(VMMARENA_PC_INCLUDEDIR "\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}")
+endif()
+
+set(VMMARENA_PC_REQUIRES "")
+find_package(PkgConfig QUIET)
+if(PKG_CONFIG_FOUND)
+  string(REGEX MATCH "^[0-9]+\\.[0-9]+" cuda_major_minor "${CUDAToolkit_VERSION}")
+  foreach(module cuda-${cuda_major_minor} cuda)
+    execute_process(COMMAND ${PKG_CONFIG_EXECUTABLE} --exists ${module} RESULT_VARIABLE missing)
+    if(missing EQUAL 0)
+      set(VMMARENA_PC_REQUIRES "Requires: ${module}")
+      break()
+    endif()
+  endforeach()
+endif()
+if(VMMARENA_PC_REQUIRES STREQUAL "")
+  message(STATUS "vmmarena.pc: no pkg-config module for CUDA found; consumers add cuda.h's directory to their flags")
+endif()
+
+configure_file(${CMAKE_CURRENT_LIST_DIR}/vmmarena.pc.in ${CMAKE_CURRENT_BINARY_DIR}/vmmarena.pc @ONLY)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/vmmarena.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -1,0 +1,191 @@
+"""`python3 -m vmmarena stat`: the tables of the committed sample snapshot (written by a real
+arena on the fake driver), the same from standard input, exit status 2 with a clear message for
+each kind of bad input, and a snapshot written just now by the shim (when the CMake test gives
+the shim and the fake driver).
+
+Environment: PYTHONPATH = shim/python (or an installed vmmarena).
+"""
+
+import ctypes
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from vmmarena import _stat
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SAMPLE = os.path.join(HERE, "..", "data", "snapshot-sample.json")
+
+
+def run_stat(*args, stdin=None):
+    """(exit status, stdout, stderr) of the command."""
+    r = subprocess.run([sys.executable, "-m", "vmmarena", "stat", *args], input=stdin, capture_output=True)
+    return r.returncode, r.stdout.decode(), r.stderr.decode()
+
+
+class Sample(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        with open(SAMPLE, "rb") as f:
+            cls.text = f.read()
+        cls.rc, cls.shown, cls.err = run_stat(SAMPLE)
+
+    def test_every_section_with_its_figures(self):
+        self.assertEqual(self.rc, 0, self.err)
+        expected = [
+            r"vmmarena snapshot \(schema version 1\): device 0, discrete GPU",
+            r"retention on \(mode on\); reuse exact; stitching on; granularity 2.0 MiB",
+            r"headroom 2.0 GiB; limit 64.0 GiB",
+            r"physical +16.2 GiB +16.2 GiB",
+            r"reserved VA +256.0 GiB in 1 reservation\n",
+            r"operations +16 allocs, 5 frees, 0 deferred frees",
+            r"package +7 / 14.1 GiB +0 / 0 B +1 / 32.0 MiB +0 / 0 B\n",
+            r"transient +4 / 1.4 GiB +2 / 736.0 MiB +0 / 0 B +0 / 0 B\n",
+            r"idle mappings +2 \(736.0 MiB\) in 2 buckets",
+            r"hits 2, misses 7, hit rate 22.2%, fallbacks 0, stitches 0",
+            r"bucket +96.0 MiB x 1\n +bucket +640.0 MiB x 1\n",
+            r"out of memory 0, limit 2, headroom 0",
+            r"active \(id 1\); begun 1, finished 0, aborted 0",
+            # tags, largest first, "no tag" last
+            r"kv-cache +8.0 GiB +1 allocation\n +weights +6.0 GiB +5 allocations\n +warmup bs=16 +1.4 GiB +3 allocations\n",
+            r" +graph operands +64.0 MiB +1 allocation\n +\(no tag\) +2.0 MiB +1 allocation\n",
+            r"cuMemUnmap +2 +1 +0.001 +0.36\n",
+            r"all +104 +1 +0.012\n",
+            r"VMM_ERR_DRIVER: unmapping package 256.0 MiB at 0x7f3e91400000: cuMemUnmap returned "
+            r"CUDA_ERROR_ILLEGAL_ADDRESS \(700\)",
+            r"package 60.0 GiB refused \(requested 64424509440 B, rounded 64424509440 B\): limit 64.0 GiB",
+            r"Inventory: 13 mappings, 16.2 GiB\n",
+            r"package +live +7 +14.1 GiB\n +transient +live +4 +1.4 GiB\n +transient +pooled +2 +736.0 MiB\n",
+            r"Largest 10:",
+            r"0x7f3c7fe00000 +8.0 GiB +8.0 GiB +package +live +1 +0 +kv-cache\n",
+            r"0x7f3c57e00000 +640.0 MiB +640.0 MiB +transient +pooled +1 +1 +warmup bs=8\n",
+        ]
+        for pattern in expected:
+            self.assertRegex(self.shown, pattern)
+        self.assertEqual(len(re.findall(r"\n  0x7f", self.shown)), 10, "the largest 10 inventory rows")
+        self.assertEqual(self.err, "")
+
+    def test_standard_input(self):
+        self.assertEqual(run_stat("-", stdin=self.text)[:2], (0, self.shown))
+        self.assertEqual(run_stat(stdin=self.text)[:2], (0, self.shown))
+
+    def test_format_snapshot_matches_the_command(self):
+        import vmmarena
+
+        self.assertEqual(vmmarena.format_snapshot(json.loads(self.text)), self.shown)
+
+    def test_bounded_and_eager(self):
+        doc = json.loads(self.text)
+        doc["reuse"].update(policy="bounded", bound=1.5, stitch_eager=True)
+        self.assertIn("reuse bounded:1.5; stitching eager;", _stat.render(doc))
+        doc["limit_bytes"] = 0
+        self.assertIn("limit none", _stat.render(doc))
+
+    def test_control_characters_in_a_tag_are_escaped(self):
+        doc = json.loads(self.text)
+        doc["tags"][1]["tag"] = "a\x1b[31mred\\\x85" + "x" * 40
+        shown = _stat.render(doc)
+        self.assertIn("a\\x1b[31mred\\\\\\u0085xxxxxxxxx...", shown)
+        self.assertNotIn("\x1b", shown)
+
+
+class BadInput(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        with open(SAMPLE) as f:
+            cls.sample = f.read()
+        cls.dir = tempfile.TemporaryDirectory()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.dir.cleanup()
+
+    def check(self, name, text, pattern):
+        path = os.path.join(self.dir.name, name + ".json")
+        with open(path, "w") as f:
+            f.write(text)
+        rc, out, err = run_stat(path)
+        self.assertEqual(rc, 2, f"{name}: {err}")
+        self.assertEqual(out, "", f"{name}: printed a table for bad input")
+        self.assertRegex(err, f"^vmmarena stat: {re.escape(path)}: {pattern}")
+
+    def test_syntax(self):
+        self.check("syntax", '{\n  "schema": "vmmarena.snapshot",\n  "version": 1,\n  oops\n}\n',
+                   r"line 4, column 3: Expecting property name")
+
+    def test_truncated(self):
+        self.check("truncated", self.sample[:1000], r"line \d+, column \d+: ")
+
+    def test_empty(self):
+        self.check("empty", "", r"line 1, column 1: Expecting value")
+
+    def test_nan_and_repeated_keys(self):
+        self.check("nan", self.sample.replace('"bound": 1', '"bound": NaN'), r"NaN is not JSON")
+        self.check("repeated", '{"schema": "a", "schema": "b"}', r"key 'schema' appears twice")
+
+    def test_not_a_snapshot(self):
+        self.check("array", "[1, 2]", r"not a vmmarena snapshot: the document is an array")
+        self.check("schema", '{"schema": "something.else", "version": 1}',
+                   r'not a vmmarena snapshot: "schema" is "something.else", expected "vmmarena.snapshot"')
+        self.check("version", '{"schema": "vmmarena.snapshot", "version": 2}',
+                   r"snapshot version 2 is not supported \(this tool reads version 1\)")
+
+    def test_wrong_keys_and_values(self):
+        self.check("missing_key", self.sample.replace('"hits"', '"hitz"'), r'snapshot key "pool.hits" is missing')
+        self.check("wrong_type", self.sample.replace('"misses": 7', '"misses": "7"'),
+                   r'snapshot key "pool.misses" is a string \("7"\), expected a number')
+        self.check("negative", self.sample.replace('"misses": 7', '"misses": -7'),
+                   r'snapshot key "pool.misses" is -7, expected a non-negative integer')
+        self.check("fraction", self.sample.replace('"misses": 7', '"misses": 7.5'),
+                   r'snapshot key "pool.misses" is 7.5, expected a non-negative integer')
+        self.check("bad_state", self.sample.replace('"state": "pooled"', '"state": "floating"'),
+                   r'snapshot key "mappings\[\d+\].state" has an unknown value "floating"')
+        self.check("bad_scope", self.sample.replace('"state": "active"', '"state": "half"'),
+                   r'snapshot key "scope.state" has an unknown value "half"')
+
+    def test_usage(self):
+        missing = os.path.join(self.dir.name, "does-not-exist.json")
+        rc, out, err = run_stat(missing)
+        self.assertEqual(rc, 2)
+        self.assertIn(f"cannot open {missing}: No such file or directory", err)
+        rc, out, err = run_stat("a.json", "b.json")
+        self.assertEqual(rc, 2)
+        self.assertIn("usage: vmmarena", err)
+        r = subprocess.run([sys.executable, "-m", "vmmarena", "stat", "--help"], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0)
+        self.assertIn("usage: vmmarena stat [-h] [FILE]", r.stdout)
+
+
+@unittest.skipUnless(os.environ.get("VMMARENA_FAKE_DRIVER"), "needs the shim and the fake driver (the CMake test)")
+class LiveSnapshot(unittest.TestCase):
+    """What the C library writes today renders: the sample file cannot drift from it unseen."""
+
+    def test_render_a_fresh_snapshot(self):
+        from vmmarena import _lib
+
+        shim = _lib.lib()
+        fake = ctypes.CDLL(os.environ["VMMARENA_FAKE_DRIVER"])
+        fake.fake_driver_reset.restype = ctypes.c_void_p
+        fake.fake_driver_reset.argtypes = [ctypes.c_void_p]
+        os.environ["VMMARENA_LOG"] = "off"
+        shim.vmm_torch_set_driver_for_testing(fake.fake_driver_reset(None))
+        try:
+            stream = ctypes.c_void_p(0x5001)
+            shim.vmm_torch_tag_push(b"weights")
+            p = shim.vmm_torch_package_allocate(3 << 20, 0, stream)
+            shim.vmm_torch_tag_pop()
+            self.assertTrue(p)
+            shown = _stat.render(_stat.parse(_lib.snapshot_json(0)))
+            self.assertRegex(shown, r"weights +4.0 MiB +1 allocation")
+            self.assertRegex(shown, r"package +live +1 +4.0 MiB")
+            shim.vmm_torch_free(p, 3 << 20, 0, stream)
+        finally:
+            shim.vmm_torch_set_driver_for_testing(None)
+
+
+if __name__ == "__main__":
+    unittest.main()
