@@ -37,16 +37,17 @@ class Sample(unittest.TestCase):
     def test_every_section_with_its_figures(self):
         self.assertEqual(self.rc, 0, self.err)
         expected = [
-            r"vmmarena snapshot \(schema version 1\): device 0, discrete GPU",
-            r"retention on \(mode on\); reuse exact; stitching on; granularity 2.0 MiB",
+            r"vmmarena snapshot \(schema version 2\): device 0, discrete GPU",
+            r"retention on \(mode on\); reuse exact; handle bound 64.0 MiB; package assembly on; granularity 2.0 MiB",
             r"headroom 2.0 GiB; limit 64.0 GiB",
             r"physical +16.2 GiB +16.2 GiB",
             r"reserved VA +256.0 GiB in 1 reservation\n",
             r"operations +16 allocs, 5 frees, 0 deferred frees",
-            r"package +7 / 14.1 GiB +0 / 0 B +1 / 32.0 MiB +0 / 0 B\n",
-            r"transient +4 / 1.4 GiB +2 / 736.0 MiB +0 / 0 B +0 / 0 B\n",
-            r"idle mappings +2 \(736.0 MiB\) in 2 buckets",
-            r"hits 2, misses 7, hit rate 22.2%, fallbacks 0, stitches 0",
+            r"package +7 / 14.1 GiB +0 / 0 B +1 / 32.0 MiB +0 / 0 B +0 / 0 B\n",
+            r"transient +4 / 1.4 GiB +2 / 736.0 MiB +0 / 0 B +0 / 0 B +0 / 0 B\n",
+            r"reusable +3 handles \(768.0 MiB\): 1 unmapped \(32.0 MiB\), the rest in pooled mappings in 2 buckets",
+            r"hits 2, misses 7, hit rate 22.2%, fallbacks 0, assemblies 3 \(0 padded, 5 idle handles, 192.0 MiB created, "
+            r"1 pooled mappings taken apart\)",
             r"bucket +96.0 MiB x 1\n +bucket +640.0 MiB x 1\n",
             r"out of memory 0, limit 2, headroom 0",
             r"active \(id 1\); begun 1, finished 0, aborted 0",
@@ -78,12 +79,18 @@ class Sample(unittest.TestCase):
 
         self.assertEqual(vmmarena.format_snapshot(json.loads(self.text)), self.shown)
 
-    def test_bounded_and_eager(self):
+    def test_bounded_and_package_assembly_off(self):
         doc = json.loads(self.text)
-        doc["reuse"].update(policy="bounded", bound=1.5, stitch_eager=True)
-        self.assertIn("reuse bounded:1.5; stitching eager;", _stat.render(doc))
+        doc["reuse"].update(policy="bounded", bound=1.5, package_assembly=False)
+        self.assertIn("reuse bounded:1.5; handle bound 64.0 MiB; package assembly off;", _stat.render(doc))
         doc["limit_bytes"] = 0
         self.assertIn("limit none", _stat.render(doc))
+
+    def test_paused_allocations_of_a_tag(self):
+        doc = json.loads(self.text)
+        tag = next(t for t in doc["tags"] if t["tag"] == "graph operands")
+        tag.update(count=0, bytes=0, paused_count=2, paused_bytes=3 << 30)
+        self.assertRegex(_stat.render(doc), r"graph operands +0 B +0 allocations, 2 paused \(3.0 GiB\)\n")
 
     def test_control_characters_in_a_tag_are_escaped(self):
         doc = json.loads(self.text)
@@ -131,8 +138,8 @@ class BadInput(unittest.TestCase):
         self.check("array", "[1, 2]", r"not a vmmarena snapshot: the document is an array")
         self.check("schema", '{"schema": "something.else", "version": 1}',
                    r'not a vmmarena snapshot: "schema" is "something.else", expected "vmmarena.snapshot"')
-        self.check("version", '{"schema": "vmmarena.snapshot", "version": 2}',
-                   r"snapshot version 2 is not supported \(this tool reads version 1\)")
+        self.check("version", '{"schema": "vmmarena.snapshot", "version": 1}',
+                   r"snapshot version 1 is not supported \(this tool reads version 2\)")
 
     def test_wrong_keys_and_values(self):
         self.check("missing_key", self.sample.replace('"hits"', '"hitz"'), r'snapshot key "pool.hits" is missing')

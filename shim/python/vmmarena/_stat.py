@@ -9,9 +9,9 @@ key, or the line and column, of the first thing wrong.
 import json
 
 SCHEMA = "vmmarena.snapshot"
-VERSION = 1
+VERSION = 2
 KINDS = ("package", "transient")
-STATES = ("live", "pooled", "freeing", "deferred", "abandoned")
+STATES = ("live", "pooled", "freeing", "deferred", "abandoned", "paused")
 TAG_WIDTH = 32
 LARGEST_SHOWN = 10
 BUCKETS_SHOWN = 16
@@ -20,7 +20,7 @@ _MISSING = object()
 
 
 class SnapshotError(ValueError):
-    """The input is not valid JSON or not a version-1 vmmarena snapshot."""
+    """The input is not valid JSON or not a version-2 vmmarena snapshot."""
 
 
 def _reject_constant(name):
@@ -152,13 +152,13 @@ def _header(d, out):
         bound = d.get("reuse.bound", "number", "null")
         if bound is not None:
             reuse = f"bounded:{bound:g}"
-    stitch = "eager" if d.flag("reuse.stitch_eager", default=False) else ("on" if d.flag("reuse.stitch") else "off")
     limit = d.u64("limit_bytes")
     gpu = "integrated (unified-memory)" if d.flag("integrated") else "discrete"
     out.append(f"vmmarena snapshot (schema version {VERSION}): device {d.u64('device')}, {gpu} GPU")
     out.append(
         f"  retention {'on' if d.flag('retention.enabled') else 'off'} (mode {d.text('retention.mode')}); "
-        f"reuse {reuse}; stitching {stitch}; granularity {fmt_bytes(d.u64('granularity'))}"
+        f"reuse {reuse}; handle bound {fmt_bytes(d.u64('reuse.handle_bound_bytes'))}; package assembly "
+        f"{'on' if d.flag('reuse.package_assembly') else 'off'}; granularity {fmt_bytes(d.u64('granularity'))}"
     )
     out.append(f"  headroom {fmt_bytes(d.u64('headroom_bytes'))}; limit {fmt_bytes(limit) if limit else 'none'}")
 
@@ -177,15 +177,15 @@ def _totals(d, out):
 
 
 def _kinds(d, out):
-    columns = ("live", "pooled", "retained", "abandoned")
+    columns = ("live", "pooled", "retained", "abandoned", "paused")
     out.append("")
-    out.append(f"{'By kind':<12}  {'live':<17}  {'pooled':<17}  {'retained':<17}  abandoned")
+    out.append(f"{'By kind':<12}  {'live':<17}  {'pooled':<17}  {'idle unmapped':<17}  {'abandoned':<17}  paused")
     for kind in KINDS:
         cells = []
         for c in columns:
             count = d.u64(f"kinds.{kind}.{c}_count")
             cells.append(f"{count} / {fmt_bytes(d.u64(f'kinds.{kind}.{c}_bytes'))}")
-        out.append(f"  {kind:<10}  {cells[0]:<17}  {cells[1]:<17}  {cells[2]:<17}  {cells[3]}")
+        out.append(f"  {kind:<10}  {cells[0]:<17}  {cells[1]:<17}  {cells[2]:<17}  {cells[3]:<17}  {cells[4]}")
 
 
 def _pool(d, out):
@@ -193,14 +193,17 @@ def _pool(d, out):
     buckets = d.get("pool.buckets", "array")
     rate = f"{100.0 * hits / (hits + misses):.1f}%" if hits + misses else "n/a"
     out.append("")
-    out.append("Pool")
+    out.append("Idle handles")
     out.append(
-        f"  idle mappings  {d.u64('pool.retained_reusable_handles')} ({fmt_bytes(d.u64('pool.retained_reusable_bytes'))}) "
-        f"in {len(buckets)} bucket{'' if len(buckets) == 1 else 's'}"
+        f"  reusable  {d.u64('pool.retained_reusable_handles')} handles ({fmt_bytes(d.u64('pool.retained_reusable_bytes'))}): "
+        f"{d.u64('pool.idle_unmapped_handles')} unmapped ({fmt_bytes(d.u64('pool.idle_unmapped_bytes'))}), the rest "
+        f"in pooled mappings in {len(buckets)} bucket{'' if len(buckets) == 1 else 's'}"
     )
     out.append(
         f"  hits {hits}, misses {misses}, hit rate {rate}, fallbacks {d.u64('pool.fallbacks')}, "
-        f"stitches {d.u64('pool.stitches')}"
+        f"assemblies {d.u64('pool.assemblies')} ({d.u64('pool.padded_assemblies')} padded, "
+        f"{d.u64('pool.assembled_idle_handles')} idle handles, {fmt_bytes(d.u64('pool.assembly_created_bytes'))} "
+        f"created, {d.u64('pool.pooled_taken_apart')} pooled mappings taken apart)"
     )
     for i in range(len(buckets)):
         size, count = d.u64(f"pool.buckets[{i}].size"), d.u64(f"pool.buckets[{i}].count")
@@ -233,15 +236,19 @@ def _refusals_and_scope(d, out):
 def _tags(d, out):
     rows = []
     for i in range(len(d.get("tags", "array"))):
-        rows.append((d.get(f"tags[{i}].tag", "string", "null"), d.u64(f"tags[{i}].count"), d.u64(f"tags[{i}].bytes")))
+        rows.append((d.get(f"tags[{i}].tag", "string", "null"), d.u64(f"tags[{i}].count"), d.u64(f"tags[{i}].bytes"),
+                     d.u64(f"tags[{i}].paused_count"), d.u64(f"tags[{i}].paused_bytes")))
     # largest first; then more allocations; named tags before "no tag"; then by name
     rows.sort(key=lambda r: (-r[2], -r[1], r[0] is None, r[0] or ""))
     out.append("")
     out.append("Tags (live bytes, largest first)")
     if not rows:
         out.append("  none")
-    for tag, count, size in rows:
-        out.append(f"  {_tag(tag)} {fmt_bytes(size):>12}  {count} allocation{'' if count == 1 else 's'}")
+    for tag, count, size, paused_count, paused in rows:
+        line = f"  {_tag(tag)} {fmt_bytes(size):>12}  {count} allocation{'' if count == 1 else 's'}"
+        if paused_count:
+            line += f", {paused_count} paused ({fmt_bytes(paused)})"
+        out.append(line)
 
 
 def _driver(d, out):
