@@ -65,3 +65,12 @@ vmm_status vmm_refuse_driver_oom(vmm_arena *a, size_t bytes, size_t rounded, vmm
                   vmm_fmt_bytes(free_b, b[0]), vmm_fmt_bytes(total_b, b[1]));
   return refuse(a, bytes, rounded, kind, "cuMemCreate returned CUDA_ERROR_OUT_OF_MEMORY");
 }
+
+vmm_status vmm_admit_device(vmm_arena *a, size_t bytes, size_t rounded, size_t fresh, uint32_t handles, vmm_kind kind) {
+  size_t free_b = 0, total_b = 0;
+  if (VMM_DRV(a, mem_get_info, &free_b, &total_b) != CUDA_SUCCESS || free_b >= fresh) return VMM_OK;
+  char b[3][32];
+  a->oom_refusals++;
+  return refuse(a, bytes, rounded, kind, "device free %s of %s < %s of new memory in %u handles (cuMemGetInfo)",
+                vmm_fmt_bytes(free_b, b[0]), vmm_fmt_bytes(total_b, b[1]), vmm_fmt_bytes(fresh, b[2]), handles);
+}

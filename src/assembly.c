@@ -244,7 +244,11 @@ static void release_created(vmm_arena *a, vmm_handle **h, uint32_t n) {
 }
 
 /* Creates n handles (objects in h, sizes set) for fresh bytes. On failure releases those made. */
-static vmm_status create_handles(vmm_arena *a, const vmm_request *req, vmm_handle **h, uint32_t n) {
+static vmm_status create_handles(vmm_arena *a, const vmm_request *req, vmm_handle **h, uint32_t n, size_t fresh) {
+  if (n > 1) {
+    vmm_status st = vmm_admit_device(a, req->bytes, req->rounded, fresh, n, req->kind);
+    if (st != VMM_OK) return st;
+  }
   for (uint32_t i = 0; i < n; i++) {
     CUresult r = VMM_DRV(a, mem_create, &h[i]->h, h[i]->size, &a->prop, 0);
     if (r == CUDA_SUCCESS) {
@@ -367,7 +371,7 @@ vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode 
     goto undo_record;
   }
   /* 3-5. streams, new memory, pooled mappings taken apart */
-  if ((st = create_handles(a, req, fresh, n_new)) != VMM_OK) goto undo_range;
+  if ((st = create_handles(a, req, fresh, n_new, p.fresh)) != VMM_OK) goto undo_range;
   if ((st = unmap_apart(a, &p)) != VMM_OK) goto undo_created;
   /* 6. map and grant access */
   if (p.n_idle) memcpy(slots, p.use, p.n_idle * sizeof *p.use);

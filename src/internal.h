@@ -333,6 +333,10 @@ VMM_INTERNAL CUresult vmm_host_memory_available(size_t *bytes);
 /* Refuses `fresh` bytes of new physical memory past the limit or below the headroom, for a
  * request of `bytes` (rounded `rounded`). */
 VMM_INTERNAL vmm_status vmm_admit(vmm_arena *a, size_t bytes, size_t rounded, size_t fresh, vmm_kind kind);
+/* Before `handles` > 1 creations: refuses at once when the device has less free memory than
+ * `fresh` bytes, rather than creating handles that the last ones could not complete. */
+VMM_INTERNAL vmm_status vmm_admit_device(vmm_arena *a, size_t bytes, size_t rounded, size_t fresh, uint32_t handles,
+                                         vmm_kind kind);
 /* Records a cuMemCreate out-of-memory as a refusal, with the device's free memory. */
 VMM_INTERNAL vmm_status vmm_refuse_driver_oom(vmm_arena *a, size_t bytes, size_t rounded, vmm_kind kind);
 

@@ -1,7 +1,7 @@
 /* The core on the real CUDA driver (built and run by tests/gpu/run; needs a GPU).
  *
  * Allocation and free, bad frees, the retention scope and its pool, reuse on another stream
- * while the freeing stream is still busy, stitching (several handles mapped back to back,
+ * while the freeing stream is still busy, assembly (several handles mapped back to back,
  * access granted and the whole extent unmapped in one call each), allocation and free during
  * stream capture (relaxed and global mode), out of memory, the limit, abort, and that the
  * device's free memory comes back. Memory is checked without kernels: cuMemsetD8 to write, cuMemcpyDtoH to read back.
@@ -253,8 +253,10 @@ static int test_scope_pool_reuse_and_finish(void) {
   CU(cu.ctx_synchronize()); /* the arena only knows stream A; the fill ran on the legacy stream */
   VMM(vmm_arena_free(arena, p, stream_a));
   vmm_snapshot s = snap();
-  EXPECT(s.retained_reusable_handles == 1 && s.physical_bytes == 8 * MiB, "after free in scope: %llu pooled, %llu B physical",
-         (unsigned long long)s.retained_reusable_handles, (unsigned long long)s.physical_bytes);
+  EXPECT(s.retained_reusable_bytes == 8 * MiB && s.kind[VMM_KIND_TRANSIENT].pooled_count == 1 &&
+             s.physical_bytes == 8 * MiB,
+         "after free in scope: %llu B reusable, %llu pooled, %llu B physical", (unsigned long long)s.retained_reusable_bytes,
+         (unsigned long long)s.kind[VMM_KIND_TRANSIENT].pooled_count, (unsigned long long)s.physical_bytes);
   VMM(vmm_arena_alloc(arena, 8 * MiB, VMM_KIND_TRANSIENT, stream_a, &q));
   EXPECT(q == p, "pool miss: got %p, pooled %p", q, p);
   EXPECT(snap().pool_hits == 1, "pool hits %llu", (unsigned long long)snap().pool_hits);
@@ -295,7 +297,7 @@ static int test_reuse_on_another_stream_waits_for_the_first(void) {
   return 1;
 }
 
-static int test_stitching_on_the_real_driver(void) {
+static int test_assembly_on_the_real_driver(void) {
   if (!make_arena(1, 64 * MiB)) return 0;
   VMM(vmm_retention_begin(arena));
   void *piece[4], *q = NULL, *again = NULL, *refused = NULL;
@@ -305,23 +307,28 @@ static int test_stitching_on_the_real_driver(void) {
   }
   CU(cu.ctx_synchronize()); /* the fills ran on the legacy stream, not on stream A */
   for (int i = 0; i < 4; i++) VMM(vmm_arena_free(arena, piece[i], stream_a));
-  /* 48 MiB: new memory is refused by the 64 MiB limit, no pooled mapping is big enough, so
-   * three idle 16 MiB handles are unmapped and mapped back to back in a fresh range. */
+  /* 48 MiB: no pooled mapping of that size, so three idle 16 MiB mappings are taken apart and
+   * their handles mapped back to back in a fresh range, with no new memory. */
   VMM(vmm_arena_alloc(arena, 48 * MiB, VMM_KIND_TRANSIENT, stream_a, &q));
   vmm_snapshot s = snap();
-  EXPECT(s.stitches == 1 && s.physical_bytes == 64 * MiB, "stitches %llu, physical %llu B",
-         (unsigned long long)s.stitches, (unsigned long long)s.physical_bytes);
-  CU(cu.memset_d8((CUdeviceptr)(uintptr_t)q, 0xa5, 48 * MiB)); /* across both handle boundaries */
+  EXPECT(s.assemblies == 1 && s.pooled_taken_apart == 3 && s.physical_bytes == 64 * MiB,
+         "assemblies %llu, taken apart %llu, physical %llu B", (unsigned long long)s.assemblies,
+         (unsigned long long)s.pooled_taken_apart, (unsigned long long)s.physical_bytes);
+  CU(cu.memset_d8((CUdeviceptr)(uintptr_t)q, 0xa5, 48 * MiB)); /* across every handle boundary */
   EXPECT_FILLED(q, 48 * MiB, 0xa5);
-  EXPECT(vmm_arena_alloc(arena, 2 * MiB, VMM_KIND_PACKAGE, NULL, &refused) == VMM_ERR_OUT_OF_MEMORY, "limit not enforced");
-  EXPECT(strstr(vmm_arena_last_error(arena), "limit 64.0 MiB < 64.0 MiB held + 2.0 MiB requested"), "message: %s",
-         vmm_arena_last_error(arena));
-  VMM(vmm_arena_free(arena, q, stream_a)); /* the stitched mapping goes to the pool whole */
+  /* 24 MiB of package memory: the last idle 16 MiB cover two thirds; the 8 MiB of new memory
+   * for the rest are over the limit, and the refusal says so. */
+  EXPECT(vmm_arena_alloc(arena, 24 * MiB, VMM_KIND_PACKAGE, NULL, &refused) == VMM_ERR_OUT_OF_MEMORY, "limit not enforced");
+  EXPECT(strstr(vmm_arena_last_error(arena),
+                "limit 64.0 MiB < 64.0 MiB held + 8.0 MiB requested (16.0 MiB of the request from idle handles)"),
+         "message: %s", vmm_arena_last_error(arena));
+  EXPECT(snap().pooled_taken_apart == 3, "a refused assembly took a mapping apart");
+  VMM(vmm_arena_free(arena, q, stream_a)); /* the assembled mapping goes to the pool whole */
   VMM(vmm_arena_alloc(arena, 48 * MiB, VMM_KIND_TRANSIENT, stream_a, &again));
-  EXPECT(again == q, "stitched mapping not reused: %p, pooled %p", again, q);
+  EXPECT(again == q, "assembled mapping not reused: %p, pooled %p", again, q);
   EXPECT_FILLED(again, 48 * MiB, 0xa5);
   VMM(vmm_arena_free(arena, again, stream_a));
-  VMM(vmm_retention_finish(arena)); /* unmaps the 3-handle extent in one call */
+  VMM(vmm_retention_finish(arena)); /* unmaps the assembled extent in one call */
   s = snap();
   EXPECT(s.physical_bytes == 0 && s.mapped_bytes == 0, "after finish: physical %llu B, mapped %llu B",
          (unsigned long long)s.physical_bytes, (unsigned long long)s.mapped_bytes);
@@ -329,7 +336,7 @@ static int test_stitching_on_the_real_driver(void) {
          (unsigned long long)driver_failures(&s), (unsigned long long)s.driver[VMM_DRV_mem_unmap].failures,
          (unsigned long long)s.driver[VMM_DRV_mem_set_access].failures,
          (unsigned long long)s.driver[VMM_DRV_mem_map].failures);
-  printf("  stitched 3 x 16 MiB handles into 48 MiB at %p; access and unmap over the whole extent: ok\n", q);
+  printf("  assembled 48 MiB at %p from 3 pooled 16 MiB mappings; access and unmap over the whole extent: ok\n", q);
   return 1;
 }
 
@@ -490,7 +497,7 @@ int main(void) {
   run("bad_frees_change_nothing", test_bad_frees_change_nothing);
   run("scope_pool_reuse_and_finish", test_scope_pool_reuse_and_finish);
   run("reuse_on_another_stream_waits_for_the_first", test_reuse_on_another_stream_waits_for_the_first);
-  run("stitching_on_the_real_driver", test_stitching_on_the_real_driver);
+  run("assembly_on_the_real_driver", test_assembly_on_the_real_driver);
   run("allocation_and_free_during_capture", test_allocation_and_free_during_capture);
   run("allocation_in_a_global_mode_capture", test_allocation_in_a_global_mode_capture);
   run("out_of_memory_is_recoverable", test_out_of_memory_is_recoverable);
