@@ -129,6 +129,24 @@ int vmm_torch_retention_finish(int device) { return control(device, vmm_retentio
 int vmm_torch_retention_abort(int device) { return control(device, vmm_retention_abort); }
 int vmm_torch_quiesce(int device) { return control(device, vmm_arena_quiesce); }
 
+int vmm_torch_pause(int device, const char *tag, int backup) {
+  if (!device_valid(device)) return VMM_ERR_INVALID_ARGUMENT;
+  vmm_status st = VMM_OK;
+  vmm_arena *a = arena_for(device, &st);
+  if (!a) return (int)st;
+  st = vmm_arena_pause(a, tag, backup ? VMM_PAUSE_BACKUP : VMM_PAUSE_DISCARD);
+  return st == VMM_OK ? VMM_OK : keep_arena_error(device, a, st);
+}
+
+int vmm_torch_resume(int device, const char *tag) {
+  if (!device_valid(device)) return VMM_ERR_INVALID_ARGUMENT;
+  vmm_status st = VMM_OK;
+  vmm_arena *a = arena_for(device, &st);
+  if (!a) return (int)st;
+  st = vmm_arena_resume(a, tag);
+  return st == VMM_OK ? VMM_OK : keep_arena_error(device, a, st);
+}
+
 int vmm_torch_snapshot_json(int device, char *buf, size_t cap) {
   if (!device_valid(device) || !buf || cap == 0) return VMM_ERR_INVALID_ARGUMENT;
   vmm_status st = VMM_OK;

@@ -47,6 +47,10 @@ VMM_TORCH_API int vmm_torch_retention_finish(int device);
 VMM_TORCH_API int vmm_torch_retention_abort(int device);
 /* Synchronizes the device and marks every pooled mapping reusable on any stream. */
 VMM_TORCH_API int vmm_torch_quiesce(int device);
+/* vmm_arena_pause / vmm_arena_resume of the device's arena; tag NULL means untagged, backup
+ * non-zero means VMM_PAUSE_BACKUP. */
+VMM_TORCH_API int vmm_torch_pause(int device, const char *tag, int backup);
+VMM_TORCH_API int vmm_torch_resume(int device, const char *tag);
 
 /* Writes the JSON snapshot (docs/snapshot.md), NUL-terminated, into buf. A buffer smaller
  * than vmm_torch_snapshot_json_size(device) returns VMM_ERR_INVALID_ARGUMENT and leaves a

@@ -258,7 +258,8 @@ class ShimOnFakeDriver(unittest.TestCase):
             first = transient_alloc(8 * MiB)
             free(first, 8 * MiB)
             snap = storage.snapshot()
-            self.assertEqual(snap["pool"]["retained_reusable_handles"], 1)
+            self.assertEqual(snap["pool"]["retained_reusable_bytes"], 8 * MiB)
+            self.assertEqual(snap["kinds"]["transient"]["pooled_count"], 1)
             self.assertEqual(snap["stray_transient"]["count"], 0)
             again = transient_alloc(8 * MiB)
             self.assertEqual(again, first)
@@ -307,12 +308,58 @@ class ShimOnFakeDriver(unittest.TestCase):
         snap = storage.snapshot()
         self.assertEqual(mapping_at(snap, tagged)["tag"], "prefill")
         self.assertIsNone(mapping_at(snap, plain)["tag"])
-        self.assertIn({"tag": "prefill", "count": 1, "bytes": 2 * MiB}, snap["tags"])
+        self.assertIn({"tag": "prefill", "count": 1, "bytes": 2 * MiB, "paused_count": 0, "paused_bytes": 0}, snap["tags"])
         with self.assertRaises(TypeError):
             with storage.tag(5):
                 pass
         free(tagged)
         free(plain)
+
+    # ---- Pause and resume ---------------------------------------------------------------
+
+    def test_pause_and_resume_keep_the_address(self):
+        storage = vmmarena.Storage(0)
+        with storage.tag("operands"):
+            ptr = package_alloc(4 * MiB)
+        before = storage.snapshot()["totals"]["physical_bytes"]
+        with storage.paused("operands", backup=True):
+            snap = storage.snapshot()
+            self.assertEqual(mapping_at(snap, ptr)["state"], "paused")
+            self.assertEqual(snap["totals"]["physical_bytes"], before - 4 * MiB)
+            self.assertIn({"tag": "operands", "count": 0, "bytes": 0, "paused_count": 1, "paused_bytes": 4 * MiB},
+                          snap["tags"])
+        snap = storage.snapshot()
+        self.assertEqual(mapping_at(snap, ptr)["state"], "live")
+        self.assertEqual(snap["totals"]["physical_bytes"], before)
+        free(ptr)
+
+    def test_pause_errors_raise_with_the_message(self):
+        storage = vmmarena.Storage(0)
+        with self.assertRaises(vmmarena.VmmarenaError) as caught:
+            storage.pause("never used")
+        self.assertEqual(caught.exception.status_name, "VMM_ERR_INVALID_ARGUMENT")
+        self.assertIn('pause("never used"): no allocation was ever tagged so; nothing changed', str(caught.exception))
+        with storage.tag("kv"):
+            ptr = package_alloc(2 * MiB)
+        with self.assertRaises(vmmarena.VmmarenaError) as caught:
+            storage.resume("kv")
+        self.assertIn("nothing is paused (1 live allocation(s) carry the tag)", str(caught.exception))
+        with self.assertRaises(TypeError):
+            storage.pause(3)
+        with self.assertRaises(vmmarena.VmmarenaError) as caught:
+            storage.pause(None)  # untagged: nothing live carries no tag here
+        self.assertIn("pause(untagged): no live or paused allocation carries the tag", str(caught.exception))
+        free(ptr)
+
+    def test_paused_resumes_when_the_block_raises(self):
+        storage = vmmarena.Storage(0)
+        with storage.tag("w"):
+            ptr = package_alloc(2 * MiB)
+        with self.assertRaises(KeyError):
+            with storage.paused("w"):
+                raise KeyError("phase failed")
+        self.assertEqual(mapping_at(storage.snapshot(), ptr)["state"], "live")
+        free(ptr)
 
     # ---- Without torch ------------------------------------------------------------------
 

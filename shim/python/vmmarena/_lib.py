@@ -91,6 +91,8 @@ def lib():
             _prototype(handle, "vmm_torch_check", c_int, c_int, c_buf, c_size)
             _prototype(handle, "vmm_torch_tag_push", None, c_str)
             _prototype(handle, "vmm_torch_tag_pop", None)
+            _prototype(handle, "vmm_torch_pause", c_int, c_int, c_str, c_int)
+            _prototype(handle, "vmm_torch_resume", c_int, c_int, c_str)
             _prototype(handle, "vmm_torch_set_driver_for_testing", c_int, c_void)
             _lib, _path = handle, path
     return _lib

@@ -376,6 +376,46 @@ class Storage:
         finally:
             handle.vmm_torch_tag_pop()
 
+    # ---- Pause and resume -----------------------------------------------------------------
+
+    def pause(self, tag, backup=False):
+        """Takes the physical memory of every live vmmarena mapping tagged `tag` (None: the
+        untagged ones) away, keeping its addresses: tensors, graphs and pointers into it stay
+        valid but must not be touched until resume(tag). With backup=True the contents are
+        copied to host memory and back; otherwise they are dropped. Waits for the device
+        first. Inside retain_transient_backing() the memory stays with vmmarena as idle
+        handles that other allocations reuse; outside it goes back to the driver.
+
+        PyTorch caches free blocks inside segments: a segment paused under a pool that is still
+        allocating could hand a new tensor paused memory. Pause what no running code allocates
+        from: a finished graph's pool, the package memory of weights or operands that the next
+        phase does not touch (docs/torch.md, "Pause and resume")."""
+        self._pause_or_resume(_lib.lib().vmm_torch_pause, tag, 1 if backup else 0)
+
+    def resume(self, tag):
+        """Maps memory back at the same addresses for everything paused under `tag` (and
+        restores a backup). Raises VmmarenaError with the numbers if memory is refused; what
+        was not resumed stays paused and a later resume() carries on."""
+        self._pause_or_resume(_lib.lib().vmm_torch_resume, tag)
+
+    @contextlib.contextmanager
+    def paused(self, tag, backup=False):
+        """pause(tag, backup) for the duration of the block; resume(tag) on the way out, also
+        when the block raises."""
+        self.pause(tag, backup)
+        try:
+            yield self
+        finally:
+            self.resume(tag)
+
+    def _pause_or_resume(self, call, tag, *mode):
+        if tag is not None and not isinstance(tag, str):
+            raise TypeError(f"tag must be a str or None, not {type(tag).__name__}")
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.synchronize(self.device)
+        _lib.check(self.device, call(self.device, tag.encode() if tag is not None else None, *mode))
+
     # ---- Plain calls ----------------------------------------------------------------------
 
     def release(self):
