@@ -161,7 +161,7 @@ def worker(job):
         result["peak_bytes"] = end["peak"]
         result["vmm_physical_peak_bytes"] = snap["totals"]["physical_peak_bytes"]
         result["outside_vmmarena_peak_bytes"] = series.outside_peak
-        result["pool"] = {k: snap["pool"].get(k) for k in ("hits", "misses", "fallbacks", "stitches")}
+        result["pool"] = {k: snap["pool"].get(k) for k in ("hits", "misses", "fallbacks", "assemblies", "pooled_taken_apart")}
         result["stray_transient_bytes"] = snap["stray_transient"]["bytes"]
     if probe:
         result["breakdown"] = probe.report()

@@ -7,7 +7,7 @@ docs/memviz.md (the dict of torch.cuda.memory._snapshot()), checked here without
   a block outside a segment or two segments on one address, and ends in exactly the snapshot's
   segments. memory_viz's "Allocator State History" walks the same entries backwards from those
   segments, so it meets a consistent state at every entry;
-- the conversion rules (pool hits, finish, abort, pause and resume, out of memory, stitching)
+- the conversion rules (pool hits, finish, abort, pause and resume, out of memory, assembly)
   on small traces, and the errors that name the line.
 
 Environment: PYTHONPATH = shim/python (or an installed vmmarena).

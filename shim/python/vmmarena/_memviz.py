@@ -200,7 +200,7 @@ class Converter:
         self._remove(m)
 
     def _map(self, m, line, t_ns):
-        """A new VA range: pooled mappings it overlaps were taken apart (stitching) first."""
+        """A new VA range: pooled mappings it overlaps were taken apart (assembly) first."""
         for other in self._overlapping(m.addr, m.size):
             if other.state != "pooled":
                 raise TraceError(
