@@ -281,6 +281,7 @@ static vmm_status unmap_apart(vmm_arena *a, plan *p) {
     vmm_status st = vmm_mapping_unmap(a, m, "taking a pooled mapping apart for an assembly");
     if (st != VMM_OK) {
       vmm_pool_push(&a->store.pool, m); /* still mapped; its bucket is on the spare list */
+      for (size_t j = i; j < p->n_apart; j++) p->apart[j]->chosen = false; /* pooled as before */
       restore_apart(a, p->apart, i);
       p->n_apart = 0; /* restored: nothing left to undo */
       return st;

@@ -503,6 +503,37 @@ static void taking_apart_waits_for_the_freeing_stream(void **state) {
   tu_destroy(a);
 }
 
+/* An unmap that fails while pooled mappings are taken apart puts them all back as they were:
+ * the one that failed and those not reached yet stay pooled and can be taken apart by the
+ * next assembly. */
+static void failed_unmap_leaves_pooled_mappings_choosable(void **state) {
+  (void)state;
+  vmm_arena *a = arena_with(B(64), B(8), 1); /* two 4 MiB mappings fill the limit */
+  assert_int_equal(vmm_retention_begin(a), VMM_OK);
+  void *t1 = tu_alloc(a, B(4), VMM_KIND_TRANSIENT, S1), *t2 = tu_alloc(a, B(4), VMM_KIND_TRANSIENT, S1);
+  assert_int_equal(vmm_arena_free(a, t1, S1), VMM_OK);
+  assert_int_equal(vmm_arena_free(a, t2, S1), VMM_OK);
+  fake_fail_nth(VMM_DRV_mem_unmap, 1, CUDA_ERROR_UNKNOWN, 0); /* t2, the first taken apart */
+  void *p = (void *)1;
+  assert_int_equal(vmm_arena_alloc(a, B(8), VMM_KIND_TRANSIENT, S1, &p), VMM_ERR_DRIVER);
+  fake_clear_faults();
+  assert_null(p);
+  tu_check(a);
+  assert_int_equal(fake_mapped_size_at(dp(t1)), B(4));
+  assert_int_equal(fake_mapped_size_at(dp(t2)), B(4));
+  /* The same request again: both taken apart, nothing created (the limit allows nothing). */
+  size_t from = fake_call_count();
+  p = tu_alloc(a, B(8), VMM_KIND_TRANSIENT, S1);
+  expect_handles(a, p, (const size_t[]){4, 4, 0});
+  assert_int_equal(calls(from, VMM_DRV_mem_create), 0);
+  vmm_snapshot s = tu_snapshot(a);
+  assert_int_equal(s.pooled_taken_apart, 2);
+  assert_int_equal(s.padded_assemblies + s.limit_refusals, 0);
+  assert_int_equal(vmm_arena_free(a, p, S1), VMM_OK);
+  assert_int_equal(vmm_retention_finish(a), VMM_OK);
+  tu_destroy(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(assembly_with_top_up),
@@ -514,6 +545,7 @@ int main(void) {
       cmocka_unit_test(auto_bound_follows_the_peak),
       cmocka_unit_test(tightest_pooled_mapping_first),
       cmocka_unit_test(taking_apart_waits_for_the_freeing_stream),
+      cmocka_unit_test(failed_unmap_leaves_pooled_mappings_choosable),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
