@@ -186,16 +186,11 @@ static void plan_idle(vmm_arena *a, plan *p, size_t rounded, bool padded) {
 
 /* ---- Cutting new memory -------------------------------------------------------------- */
 
-/* The next handle to create for `rest` new bytes: all of them outside a scope; inside one the
- * bound, and below the bound the largest power-of-two number of granules that fits, so that a
- * remainder is cut into handles that smaller requests can use later. */
+/* The next handle to create for `rest` new bytes: all of them outside a scope, at most the
+ * bound inside one. */
 static size_t cut(const vmm_arena *a, size_t rest, vmm_assembly_mode mode) {
-  if (mode == VMM_ASSEMBLE_NEW) return rest;
-  size_t bound = vmm_handle_bound(a);
-  if (rest >= bound) return bound;
-  size_t piece = a->granularity;
-  while (piece <= rest / 2) piece *= 2;
-  return piece;
+  size_t bound = mode == VMM_ASSEMBLE_NEW ? rest : vmm_handle_bound(a);
+  return rest < bound ? rest : bound;
 }
 
 static uint32_t cut_count(const vmm_arena *a, size_t fresh, vmm_assembly_mode mode) {
@@ -432,7 +427,7 @@ undo_plan:
   return st;
 }
 
-#define VMM_BOUND_SHARE 256            /* a stuck idle handle costs at most ~0.4% of the peak */
+#define VMM_BOUND_SHARE 64             /* an idle handle no request can use costs at most ~1.6% of the peak */
 #define VMM_BOUND_MAX ((size_t)256 << 20) /* beyond this, fewer calls gain nothing measurable */
 
 size_t vmm_handle_bound(const vmm_arena *a) {

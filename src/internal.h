@@ -398,8 +398,8 @@ VMM_INTERNAL void vmm_free_range_unless_stuck(vmm_arena *a, CUdeviceptr base, si
                                               size_t first_stuck);
 
 /* The largest handle to create inside a scope now: the configured bound, or where the arena
- * chooses, a power of two near 1/VMM_BOUND_SHARE of its physical peak, within [granularity,
- * VMM_BOUND_MAX] (docs/design.md, "Handle bound"). */
+ * chooses, the largest power of two at most 1/64 of its physical peak, within [granularity,
+ * 256 MiB] (docs/design.md, "Handle bound"). */
 VMM_INTERNAL size_t vmm_handle_bound(const vmm_arena *a);
 
 /* ---- Pause (pause.c) ---------------------------------------------------------------- */
