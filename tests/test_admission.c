@@ -327,27 +327,36 @@ static void driver_out_of_memory(void **state) {
   tu_destroy(a);
 }
 
-/* The driver refuses the part of an assembly that idle handles do not cover: the refusal
- * says what the arena holds, the idle handle the assembly had chosen included. */
+/* New memory is refused for the part of an assembly that idle handles do not cover, by
+ * cuMemCreate (one handle to create) or by the device's free memory read before creating
+ * several: either refusal says what the arena holds, the idle handle the assembly had chosen
+ * included. */
 static void driver_out_of_memory_during_an_assembly(void **state) {
   (void)state;
-  fake_options opts = {.capacity = 8 * MiB};
-  vmm_arena *a = arena_with(&opts, 0, 0, 1);
-  void *idle = tu_alloc(a, 4 * MiB, VMM_KIND_PACKAGE, S); /* one handle, idle once freed in the scope */
-  void *live = tu_alloc(a, 4 * MiB, VMM_KIND_PACKAGE, S);
-  assert_int_equal(vmm_retention_begin(a), VMM_OK);
-  assert_int_equal(vmm_arena_free(a, idle, S), VMM_OK);
-  char r[96];
-  const char *needles[] = {"transient 8.0 MiB refused", req(r, 8 * MiB, 8 * MiB),
-                           "cuMemCreate returned CUDA_ERROR_OUT_OF_MEMORY; device free 0 B of 8.0 MiB",
-                           "arena holds 4.0 MiB live (package 4.0 MiB, transient 0 B), 0 B pooled, 4.0 MiB retained",
-                           NULL};
-  vmm_snapshot s = expect_refusal(a, 8 * MiB, VMM_KIND_TRANSIENT, needles);
-  assert_int_equal(s.oom_refusals, 1);
-  assert_int_equal(s.retained_reusable_bytes, 4 * MiB);
-  assert_int_equal(vmm_retention_finish(a), VMM_OK);
-  assert_int_equal(vmm_arena_free(a, live, S), VMM_OK);
-  tu_destroy(a);
+  for (int several = 0; several < 2; several++) {
+    fake_options opts = {.capacity = 8 * MiB};
+    vmm_arena *a = arena_with(&opts, 0, 0, 1);
+    size_t idle_bytes = several ? 4 * MiB : 6 * MiB; /* 4 or 2 MiB left: two handles or one */
+    void *idle = tu_alloc(a, idle_bytes, VMM_KIND_PACKAGE, S); /* one handle, idle once freed in the scope */
+    void *live = tu_alloc(a, 8 * MiB - idle_bytes, VMM_KIND_PACKAGE, S);
+    assert_int_equal(vmm_retention_begin(a), VMM_OK);
+    assert_int_equal(vmm_arena_free(a, idle, S), VMM_OK);
+    char r[96], holds[160];
+    snprintf(holds, sizeof holds, "arena holds %s live (package %s, transient 0 B), 0 B pooled, %s retained",
+             several ? "4.0 MiB" : "2.0 MiB", several ? "4.0 MiB" : "2.0 MiB", several ? "4.0 MiB" : "6.0 MiB");
+    const char *needles[] = {"transient 8.0 MiB refused", req(r, 8 * MiB, 8 * MiB),
+                             several ? "device free 0 B of 8.0 MiB < 4.0 MiB of new memory in 2 handles"
+                                     : "cuMemCreate returned CUDA_ERROR_OUT_OF_MEMORY; device free 0 B of 8.0 MiB",
+                             holds, NULL};
+    size_t from = fake_call_count();
+    vmm_snapshot s = expect_refusal(a, 8 * MiB, VMM_KIND_TRANSIENT, needles);
+    assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), several ? 0 : 1);
+    assert_int_equal(s.oom_refusals, 1);
+    assert_int_equal(s.retained_reusable_bytes, idle_bytes);
+    assert_int_equal(vmm_retention_finish(a), VMM_OK);
+    assert_int_equal(vmm_arena_free(a, live, S), VMM_OK);
+    tu_destroy(a);
+  }
 }
 
 /* ---- The pool fallback inside a retention scope --------------------------------------- */
