@@ -115,9 +115,9 @@ static void fill_pool(vmm_arena *a, size_t sizes, size_t per_size) {
   free(live);
   vmm_snapshot s;
   check(a, vmm_arena_snapshot(a, &s), "snapshot");
-  if (s.retained_reusable_handles != n || s.pool_buckets != sizes) {
+  if (s.kind[VMM_KIND_TRANSIENT].pooled_count != n || s.pool_buckets != sizes) {
     fprintf(stderr, "bench_pool: pool holds %llu mappings in %llu buckets, expected %zu in %zu\n",
-            (unsigned long long)s.retained_reusable_handles, (unsigned long long)s.pool_buckets, n, sizes);
+            (unsigned long long)s.kind[VMM_KIND_TRANSIENT].pooled_count, (unsigned long long)s.pool_buckets, n, sizes);
     exit(1);
   }
 }

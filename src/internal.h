@@ -403,6 +403,8 @@ VMM_INTERNAL void vmm_free_range_unless_stuck(vmm_arena *a, CUdeviceptr base, si
 VMM_INTERNAL size_t vmm_handle_bound(const vmm_arena *a);
 
 /* ---- Pause (pause.c) ---------------------------------------------------------------- */
+/* Returns a backup of `bytes` (from a pause with VMM_PAUSE_BACKUP) to the system; NULL is a no-op. */
+VMM_INTERNAL void vmm_backup_free(void *backup, size_t bytes);
 /* Frees a paused allocation: no driver call where it holds no memory; its range returns. */
 VMM_INTERNAL vmm_status vmm_paused_free(vmm_arena *a, vmm_mapping *m);
 

@@ -18,7 +18,7 @@ vmm_mapping *vmm_mapping_new(uint32_t handles) {
 
 void vmm_mapping_free(vmm_mapping *m) {
   if (!m) return;
-  free(m->backup);
+  vmm_backup_free(m->backup, m->extent);
   if (m->handles != &m->first) free(m->handles);
   free(m);
 }

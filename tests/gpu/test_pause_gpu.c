@@ -199,6 +199,8 @@ static void timing(CUstream s) {
     int scope;
   } runs[] = {{"DISCARD", VMM_PAUSE_DISCARD, 0}, {"DISCARD in a scope", VMM_PAUSE_DISCARD, 1}, {"BACKUP", VMM_PAUSE_BACKUP, 0}};
   for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+    gk_fill(d(p), bytes / 4, 8, s); /* a discarding pause dropped the last fill */
+    gk.stream_synchronize(s);
     if (runs[i].scope) vmm_retention_begin(a);
     double a0 = now_ms();
     vmm_status s1 = vmm_arena_pause(a, "timed", runs[i].mode);
