@@ -104,8 +104,8 @@ static const topup_case topup_cases[] = {
     {"a 12 MiB handle and a 2 MiB one", 64, {12, 2}, B(13), {12, 2}, {0}},
     {"bound of one granule: the rest in 2 MiB handles", 2, {4}, B(9), {4}, {2, 2, 2}},
     {"bound 6 MiB: 18 MiB new as three handles of the bound", 6, {2}, B(20), {2}, {6, 6, 6}},
-    {"bound 6 MiB: below it, power-of-two numbers of granules", 6, {2}, B(12), {2}, {6, 4}},
-    {"bound 64 MiB: 14 MiB new as 8 + 4 + 2", 64, {4}, B(18), {4}, {8, 4, 2}},
+    {"bound 6 MiB: what is left below it, one handle", 6, {2}, B(12), {2}, {6, 4}},
+    {"bound 64 MiB: 14 MiB new as one handle", 64, {4}, B(18), {4}, {14}},
     {"1 byte over: one more granule", 64, {8}, B(8) + 1, {8}, {2}},
 };
 
@@ -245,11 +245,11 @@ static void package_assembly_exact_or_off(void **state) {
 static void never_padded(void **state) {
   (void)state;
   for (int kind = 0; kind < VMM_KIND_COUNT; kind++) {
-    /* 16 MiB idle; 10 MiB asked: 8 + 2 created, the 16 MiB handle untouched. */
+    /* 16 MiB idle; 10 MiB asked: 10 MiB created, the 16 MiB handle untouched. */
     vmm_arena *a = arena_with(B(64), 0, 1);
     make_idle(a, (const size_t[]){16, 0}, NULL);
     void *p = tu_alloc(a, B(10), (vmm_kind)kind, S1);
-    expect_handles(a, p, (const size_t[]){8, 2, 0});
+    expect_handles(a, p, (const size_t[]){10, 0});
     vmm_snapshot s = tu_snapshot(a);
     assert_int_equal(s.assemblies + s.padded_assemblies, 0);
     assert_int_equal(s.retained_reusable_bytes, B(16));
@@ -354,8 +354,8 @@ static void explicit_bound(void **state) {
       {B(3), B(4), B(10), {4, 4, 2, 0}},        /* 3 MiB rounds up to two granules */
       {B(4), B(4), B(16), {4, 4, 4, 4, 0}},
       {B(2), B(2), B(7), {2, 2, 2, 2, 0}},
-      {B(10), B(10), B(36), {10, 10, 10, 4, 2, 0}},
-      {GiB, GiB, B(30), {16, 8, 4, 2, 0}},      /* above the arena's own ceiling: honoured */
+      {B(10), B(10), B(36), {10, 10, 10, 6, 0}},
+      {GiB, GiB, B(30), {30, 0}},               /* above the arena's own ceiling: honoured */
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     vmm_arena *a = arena_with(cases[k].bound, 0, 1);
@@ -377,25 +377,26 @@ static void explicit_bound(void **state) {
   }
 }
 
-/* The arena's own bound: a power of two near 1/256 of the physical peak, at least a granule
- * and at most 256 MiB, reported in the snapshot; it follows the peak, not what is held now. */
+/* The arena's own bound: the largest power of two at most 1/64 of the physical peak, at least
+ * a granule and at most 256 MiB, reported in the snapshot; it follows the peak, not what is
+ * held now. */
 static void auto_bound_follows_the_peak(void **state) {
   (void)state;
   vmm_arena *a = arena_with(0, 0, 1);
   assert_int_equal(tu_snapshot(a).handle_bound_bytes, GRAIN); /* nothing held yet */
-  void *p = tu_alloc(a, 2 * GiB, VMM_KIND_PACKAGE, S1);    /* peak 2 GiB: 8 MiB */
-  assert_int_equal(tu_snapshot(a).handle_bound_bytes, B(8));
+  void *p = tu_alloc(a, 2 * GiB, VMM_KIND_PACKAGE, S1);    /* peak 2 GiB: 32 MiB */
+  assert_int_equal(tu_snapshot(a).handle_bound_bytes, B(32));
   assert_int_equal(vmm_arena_free(a, p, S1), VMM_OK);
-  assert_int_equal(tu_snapshot(a).handle_bound_bytes, B(8)); /* the peak stays */
+  assert_int_equal(tu_snapshot(a).handle_bound_bytes, B(32)); /* the peak stays */
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
-  void *t = tu_alloc(a, B(20), VMM_KIND_TRANSIENT, S1);
-  expect_handles(a, t, (const size_t[]){8, 8, 4, 0});
+  void *t = tu_alloc(a, B(70), VMM_KIND_TRANSIENT, S1);
+  expect_handles(a, t, (const size_t[]){32, 32, 6, 0});
   assert_int_equal(vmm_arena_free(a, t, S1), VMM_OK);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
-  p = tu_alloc(a, 3 * GiB, VMM_KIND_PACKAGE, S1); /* peak 3 GiB: 12 MiB, down to a power of two */
-  assert_int_equal(tu_snapshot(a).handle_bound_bytes, B(8));
-  void *q = tu_alloc(a, 2 * GiB, VMM_KIND_PACKAGE, S1); /* peak 5 GiB: 20 MiB -> 16 MiB */
-  assert_int_equal(tu_snapshot(a).handle_bound_bytes, B(16));
+  p = tu_alloc(a, 3 * GiB, VMM_KIND_PACKAGE, S1); /* peak 3 GiB: 48 MiB, down to a power of two */
+  assert_int_equal(tu_snapshot(a).handle_bound_bytes, B(32));
+  void *q = tu_alloc(a, 2 * GiB, VMM_KIND_PACKAGE, S1); /* peak 5 GiB: 80 MiB -> 64 MiB */
+  assert_int_equal(tu_snapshot(a).handle_bound_bytes, B(64));
   void *r = tu_alloc(a, 70 * GiB, VMM_KIND_PACKAGE, S1); /* peak 75 GiB: at most 256 MiB */
   assert_int_equal(tu_snapshot(a).handle_bound_bytes, B(256));
   assert_int_equal(vmm_arena_free(a, r, S1), VMM_OK);
@@ -404,8 +405,8 @@ static void auto_bound_follows_the_peak(void **state) {
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   size_t from = fake_call_count();
   t = tu_alloc(a, B(600), VMM_KIND_TRANSIENT, S1);
-  expect_handles(a, t, (const size_t[]){256, 256, 64, 16, 8, 0});
-  assert_int_equal(calls(from, VMM_DRV_mem_create), 5);
+  expect_handles(a, t, (const size_t[]){256, 256, 88, 0});
+  assert_int_equal(calls(from, VMM_DRV_mem_create), 3);
   char json[16384];
   assert_int_equal(vmm_arena_snapshot_json(a, json, sizeof json, NULL), VMM_OK);
   assert_non_null(strstr(json, "\"handle_bound_bytes\":268435456,\"package_assembly\":true"));
@@ -416,30 +417,31 @@ static void auto_bound_follows_the_peak(void **state) {
 
 /* ---- Pooled mappings taken apart ------------------------------------------------------------ */
 
-/* Pooled 6 (4 + 2), 12 (8 + 4) and 16 MiB; 10 MiB asked (no exact hit). The tightest mapping
- * that covers what is left comes first: 12, for its 8 MiB handle; then 6 for its 2 MiB one.
- * The handles not used (the two 4 MiB ones) stay idle, unmapped; 16 stays pooled. */
+/* Bound 4 MiB: pooled 6 (4 + 2), 12 (4 + 4 + 4) and 16 MiB (4 x 4); 10 MiB asked (no exact
+ * hit). The tightest mapping that covers what is left comes first: 12, for two of its 4 MiB
+ * handles; then 6, for its 2 MiB one. The handles not used (a 4 MiB one of each) stay idle,
+ * unmapped; 16 stays pooled. */
 static void tightest_pooled_mapping_first(void **state) {
   (void)state;
-  vmm_arena *a = arena_with(B(64), 0, 1);
+  vmm_arena *a = arena_with(B(4), 0, 1);
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   void *t6 = tu_alloc(a, B(6), VMM_KIND_TRANSIENT, S1), *t12 = tu_alloc(a, B(12), VMM_KIND_TRANSIENT, S1);
   void *t16 = tu_alloc(a, B(16), VMM_KIND_TRANSIENT, S1);
-  expect_handles(a, t12, (const size_t[]){8, 4, 0});
+  expect_handles(a, t12, (const size_t[]){4, 4, 4, 0});
   assert_int_equal(vmm_arena_free(a, t6, S1), VMM_OK);
   assert_int_equal(vmm_arena_free(a, t12, S1), VMM_OK);
   assert_int_equal(vmm_arena_free(a, t16, S1), VMM_OK);
   size_t from = fake_call_count();
   void *p = tu_alloc(a, B(10), VMM_KIND_TRANSIENT, S1);
-  expect_handles(a, p, (const size_t[]){8, 2, 0});
+  expect_handles(a, p, (const size_t[]){4, 4, 2, 0});
   assert_int_equal(calls(from, VMM_DRV_mem_create), 0);
   assert_int_equal(calls(from, VMM_DRV_mem_unmap), 2);
   assert_int_equal(fake_mapped_size_at(dp(t6)), 0);
   assert_int_equal(fake_mapped_size_at(dp(t12)), 0);
-  assert_int_equal(fake_mapped_size_at(dp(t16)), B(16));
+  assert_int_equal(tu_mapped_from(t16, B(16)), B(16));
   vmm_snapshot s = tu_snapshot(a);
   assert_int_equal(s.pooled_taken_apart, 2);
-  assert_int_equal(s.assembled_idle_handles, 2);
+  assert_int_equal(s.assembled_idle_handles, 3);
   assert_int_equal(s.kind[VMM_KIND_TRANSIENT].retained_count, 2);
   assert_int_equal(s.kind[VMM_KIND_TRANSIENT].retained_bytes, B(8));
   assert_int_equal(s.kind[VMM_KIND_TRANSIENT].pooled_bytes, B(16));

@@ -373,13 +373,16 @@ static void add_physical(model *m, uint64_t bytes) {
   if (m->physical > m->peak) m->peak = m->physical;
 }
 
-/* The largest handle the arena creates inside a scope now (vmm_handle_bound). */
-static size_t model_bound(const model *m) {
-  if (m->handle_bound) return round_up(m->handle_bound);
-  size_t target = (size_t)(m->peak / 256), bound = G;
+/* The bound vmm_handle_bound chooses for a physical peak: the largest power of two at most
+ * 1/64 of it, within [one granule, 256 MiB]. */
+static size_t bound_for(uint64_t peak) {
+  size_t target = (size_t)(peak / 64), bound = G;
   while (bound * 2 <= target && bound * 2 <= ((size_t)256 << 20)) bound *= 2;
   return bound;
 }
+
+/* The largest handle the arena creates inside a scope now (vmm_handle_bound). */
+static size_t model_bound(const model *m) { return m->handle_bound ? round_up(m->handle_bound) : bound_for(m->peak); }
 
 /* ---- Assembly, as the model plans it ---------------------------------------------------- */
 
@@ -477,20 +480,12 @@ static void plan_drop(mplan *p) {
   free(p->apart);
 }
 
-/* The sizes new memory is cut into: inside a scope the bound, and below it power-of-two
- * numbers of granules; outside one, a single handle. Returns how many. */
+/* The sizes new memory is cut into: inside a scope handles of the bound, and what is left
+ * below it as one; outside a scope, a single handle. Returns how many. */
 static size_t cut(const model *m, size_t fresh, int whole, size_t *out) {
   size_t n = 0, bound = model_bound(m);
   for (size_t rest = fresh; rest; n++) {
-    size_t piece = rest;
-    if (!whole) {
-      if (rest >= bound) {
-        piece = bound;
-      } else {
-        piece = G;
-        while (piece <= rest / 2) piece *= 2;
-      }
-    }
+    size_t piece = whole || rest < bound ? rest : bound;
     out[n] = piece;
     rest -= piece;
   }
@@ -1099,13 +1094,6 @@ static void watch_step(run *r, const vmm_snapshot *s, uint64_t physical_before, 
     uint64_t live = m->live_rounded > live_before ? m->live_rounded - live_before : 0;
     w->disturbed += grew > live ? grew - live : 0;
   }
-}
-
-/* The bound vmm_handle_bound chooses for a physical peak. */
-static size_t bound_for(uint64_t peak) {
-  size_t target = (size_t)(peak / 256), bound = G;
-  while (bound * 2 <= target && bound * 2 <= ((size_t)256 << 20)) bound *= 2;
-  return bound;
 }
 
 /* The scope ended: the promise, with what is outside it named. */
