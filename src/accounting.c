@@ -54,6 +54,7 @@ void vmm_tag_account_paused(vmm_arena *a, uint32_t tag, size_t bytes, int sign) 
 void vmm_add_physical(vmm_arena *a, size_t bytes) {
   a->physical_bytes += bytes;
   if (a->physical_bytes > a->physical_peak) a->physical_peak = a->physical_bytes;
+  if (a->physical_bytes > a->scope_peak) a->scope_peak = a->physical_bytes;
 }
 
 void vmm_add_mapped(vmm_arena *a, size_t bytes) {

@@ -186,16 +186,12 @@ static void plan_idle(vmm_arena *a, plan *p, size_t rounded, bool padded) {
 
 /* ---- Cutting new memory -------------------------------------------------------------- */
 
-/* The next handle to create for `rest` new bytes: all of them outside a scope, at most the
- * bound inside one. */
-static size_t cut(const vmm_arena *a, size_t rest, vmm_assembly_mode mode) {
-  size_t bound = mode == VMM_ASSEMBLE_NEW ? rest : vmm_handle_bound(a);
-  return rest < bound ? rest : bound;
-}
+/* New memory is cut into handles of `bound` bytes and one for what is left below it. */
+static size_t cut(size_t rest, size_t bound) { return rest < bound ? rest : bound; }
 
-static uint32_t cut_count(const vmm_arena *a, size_t fresh, vmm_assembly_mode mode) {
+static uint32_t cut_count(size_t fresh, size_t bound) {
   uint32_t n = 0;
-  for (size_t rest = fresh; rest; rest -= cut(a, rest, mode)) n++;
+  for (size_t rest = fresh; rest; rest -= cut(rest, bound)) n++;
   return n;
 }
 
@@ -343,7 +339,8 @@ vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode 
   /* 1. admission */
   if (p.fresh && (st = vmm_admit(a, req->bytes, req->rounded, p.fresh, req->kind)) != VMM_OK) goto undo_plan;
   /* 2. record, handle objects, table slot, range */
-  n_new = cut_count(a, p.fresh, mode);
+  size_t bound = mode == VMM_ASSEMBLE_NEW ? SIZE_MAX : vmm_handle_bound(a, p.fresh); /* never cut outside a scope */
+  n_new = cut_count(p.fresh, bound);
   if (!(slots = calloc(p.n_idle + n_new, sizeof *slots)) || (!into && !(m = vmm_mapping_new(0))) ||
       (!into && vmm_table_reserve(&a->table))) {
     st = vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for a mapping record");
@@ -352,7 +349,7 @@ vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode 
   vmm_handle **fresh = slots + p.n_idle;
   size_t rest = p.fresh;
   for (uint32_t i = 0; i < n_new; rest -= fresh[i]->size, i++) {
-    if (!(fresh[i] = vmm_handle_new(0, cut(a, rest, mode), req->kind))) {
+    if (!(fresh[i] = vmm_handle_new(0, cut(rest, bound), req->kind))) {
       st = vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for %u handle records", n_new);
       goto undo_record;
     }
@@ -430,9 +427,11 @@ undo_plan:
 #define VMM_BOUND_SHARE 64             /* an idle handle no request can use costs at most ~1.6% of the peak */
 #define VMM_BOUND_MAX ((size_t)256 << 20) /* beyond this, fewer calls gain nothing measurable */
 
-size_t vmm_handle_bound(const vmm_arena *a) {
+size_t vmm_handle_bound(const vmm_arena *a, size_t fresh) {
   if (a->handle_bound) return a->handle_bound;
-  size_t target = (size_t)(a->physical_peak / VMM_BOUND_SHARE), bound = a->granularity;
+  uint64_t peak = a->scope == VMM_SCOPE_ACTIVE ? a->scope_peak : a->physical_bytes;
+  if (fresh > peak) peak = fresh; /* a first request larger than all held is not cut finer than 1/64 of it */
+  size_t target = (size_t)(peak / VMM_BOUND_SHARE), bound = a->granularity;
   while (bound * 2 <= target && bound * 2 <= VMM_BOUND_MAX) bound *= 2;
   return bound;
 }

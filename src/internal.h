@@ -242,6 +242,7 @@ struct vmm_arena {
   /* counters */
   vmm_kind_stats kind[VMM_KIND_COUNT];
   uint64_t physical_bytes, physical_peak, mapped_bytes, mapped_peak;
+  uint64_t scope_peak;         /* the physical peak since the active scope began */
   uint64_t pool_hits, pool_misses, pool_fallbacks;
   uint64_t assemblies, padded_assemblies, assembled_idle_handles, assembly_created_bytes, pooled_taken_apart;
   uint64_t oom_refusals, limit_refusals, headroom_refusals;
@@ -397,10 +398,11 @@ VMM_INTERNAL vmm_status vmm_unstick(vmm_arena *a, CUdeviceptr base, size_t exten
 VMM_INTERNAL void vmm_free_range_unless_stuck(vmm_arena *a, CUdeviceptr base, size_t extent, uint32_t reservation,
                                               size_t first_stuck);
 
-/* The largest handle to create inside a scope now: the configured bound, or where the arena
- * chooses, the largest power of two at most 1/64 of its physical peak, within [granularity,
- * 256 MiB] (docs/design.md, "Handle bound"). */
-VMM_INTERNAL size_t vmm_handle_bound(const vmm_arena *a);
+/* The largest handle to create inside a scope for `fresh` new bytes: the configured bound, or
+ * where the arena chooses, the largest power of two at most 1/64 of the scope's physical peak
+ * (or of `fresh`, if more), within [granularity, 256 MiB] (docs/design.md, "Handle bound").
+ * Outside a scope: the bound a scope begun now would start with. */
+VMM_INTERNAL size_t vmm_handle_bound(const vmm_arena *a, size_t fresh);
 
 /* ---- Pause (pause.c) ---------------------------------------------------------------- */
 /* Returns a backup of `bytes` (from a pause with VMM_PAUSE_BACKUP) to the system; NULL is a no-op. */

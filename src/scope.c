@@ -39,6 +39,7 @@ vmm_status vmm_retention_begin(vmm_arena *a) {
   } else {
     a->scope = VMM_SCOPE_ACTIVE;
     a->scope_id = ++a->next_scope_id;
+    a->scope_peak = a->physical_bytes;
     a->scopes_begun++;
   }
   trace_scope(a, VMM_TRACE_BEGIN, st);

@@ -28,7 +28,7 @@ static void fill(const vmm_arena *a, vmm_snapshot *s) {
   s->pool_hits = a->pool_hits;
   s->pool_misses = a->pool_misses;
   s->pool_fallbacks = a->pool_fallbacks;
-  s->handle_bound_bytes = vmm_handle_bound(a);
+  s->handle_bound_bytes = vmm_handle_bound(a, 0);
   s->assemblies = a->assemblies;
   s->padded_assemblies = a->padded_assemblies;
   s->assembled_idle_handles = a->assembled_idle_handles;
