@@ -138,6 +138,7 @@ typedef struct model {
   uint64_t serial;
   vmm_kind_stats kind[VMM_KIND_COUNT];
   uint64_t physical, peak, mapped_bytes, live_rounded;
+  uint64_t scope_peak; /* the physical peak since the active scope began */
   uint64_t hits, misses, fallbacks, limit_refusals, allocs, frees;
   uint64_t assemblies, padded, assembled_handles, created_bytes, taken_apart;
   int scope_active;
@@ -371,18 +372,24 @@ static void model_free(model *m) {
 static void add_physical(model *m, uint64_t bytes) {
   m->physical += bytes;
   if (m->physical > m->peak) m->peak = m->physical;
+  if (m->physical > m->scope_peak) m->scope_peak = m->physical;
 }
 
-/* The bound vmm_handle_bound chooses for a physical peak: the largest power of two at most
- * 1/64 of it, within [one granule, 256 MiB]. */
+/* The bound vmm_handle_bound chooses for a peak: the largest power of two at most 1/64 of it,
+ * within [one granule, 256 MiB]. */
 static size_t bound_for(uint64_t peak) {
   size_t target = (size_t)(peak / 64), bound = G;
   while (bound * 2 <= target && bound * 2 <= ((size_t)256 << 20)) bound *= 2;
   return bound;
 }
 
-/* The largest handle the arena creates inside a scope now (vmm_handle_bound). */
-static size_t model_bound(const model *m) { return m->handle_bound ? round_up(m->handle_bound) : bound_for(m->peak); }
+/* The largest handle the arena creates for `fresh` new bytes (vmm_handle_bound): from the
+ * scope's peak, or what is held outside a scope, or `fresh` if more. */
+static size_t model_bound(const model *m, size_t fresh) {
+  if (m->handle_bound) return round_up(m->handle_bound);
+  uint64_t peak = m->scope_active ? m->scope_peak : m->physical;
+  return bound_for(fresh > peak ? fresh : peak);
+}
 
 /* ---- Assembly, as the model plans it ---------------------------------------------------- */
 
@@ -483,7 +490,7 @@ static void plan_drop(mplan *p) {
 /* The sizes new memory is cut into: inside a scope handles of the bound, and what is left
  * below it as one; outside a scope, a single handle. Returns how many. */
 static size_t cut(const model *m, size_t fresh, int whole, size_t *out) {
-  size_t n = 0, bound = model_bound(m);
+  size_t n = 0, bound = model_bound(m, fresh);
   for (size_t rest = fresh; rest; n++) {
     size_t piece = whole || rest < bound ? rest : bound;
     out[n] = piece;
@@ -603,6 +610,7 @@ static void adopt(model *m, vmm_arena *a, const vmm_snapshot *s) {
   memcpy(m->kind, s->kind, sizeof m->kind);
   m->physical = s->physical_bytes;
   m->peak = s->physical_peak_bytes;
+  m->scope_peak = a->scope_peak;
   m->mapped_bytes = s->mapped_bytes;
   m->hits = s->pool_hits;
   m->misses = s->pool_misses;
@@ -662,7 +670,7 @@ static void check_predicted(const model *m, const vmm_snapshot *s) {
   EXPECT_EQ(s->physical_bytes, m->physical);
   EXPECT_EQ(s->physical_peak_bytes, m->peak);
   EXPECT_EQ(s->mapped_bytes, m->mapped_bytes);
-  EXPECT_EQ(s->handle_bound_bytes, model_bound(m));
+  EXPECT_EQ(s->handle_bound_bytes, model_bound(m, 0));
   EXPECT_EQ(s->pool_hits, m->hits);
   EXPECT_EQ(s->pool_misses, m->misses);
   EXPECT_EQ(s->pool_fallbacks, m->fallbacks);
@@ -995,6 +1003,7 @@ static vmm_status op_begin(run *r) {
   }
   EXPECT_EQ(st, VMM_OK);
   m->scope_active = 1;
+  m->scope_peak = m->physical;
   m->scope_id = ++m->next_scope_id;
   m->begun++;
   r->began = 1;
@@ -1100,7 +1109,7 @@ static void watch_step(run *r, const vmm_snapshot *s, uint64_t physical_before, 
 static void watch_end(run *r) {
   scope_watch *w = &r->w;
   w->on = 0;
-  uint64_t bound = model_bound(&r->m);
+  uint64_t bound = model_bound(&r->m, 0);
   uint64_t outside =
       w->held_at_begin + w->made_before + w->aborted_freed + w->package_off + w->fallback_padding + w->disturbed;
   uint64_t own_peak = w->physical_peak > outside ? w->physical_peak - outside : 0;
