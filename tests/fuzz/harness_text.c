@@ -93,14 +93,16 @@ static void check_parse_size(const char *value) {
 }
 
 static const char *const setting_names[] = {
-    "VMMARENA_REUSE", "VMMARENA_STITCH", "VMMARENA_RESERVE",     "VMMARENA_HEADROOM", "VMMARENA_LIMIT",
-    "VMMARENA_RETAIN", "VMMARENA_PEER_ACCESS", "VMMARENA_TRACE", "VMMARENA_LOG",
-};
+    "VMMARENA_REUSE",  "VMMARENA_STITCH",      "VMMARENA_RESERVE", "VMMARENA_HEADROOM",     "VMMARENA_LIMIT",
+    "VMMARENA_RETAIN", "VMMARENA_PEER_ACCESS", "VMMARENA_TRACE",   "VMMARENA_LOG",          "VMMARENA_HANDLE_BOUND",
+    "VMMARENA_PACKAGE_ASSEMBLY",
+}; /* VMMARENA_STITCH is retired: every value must be refused as a usage error */
 #define SETTINGS (sizeof setting_names / sizeof setting_names[0])
 
 static const char *env_name_of(const char *name) {
   static const char *const short_names[SETTINGS] = {"reuse",  "stitch",      "reserve", "headroom", "limit",
-                                                    "retain", "peer_access", "trace",   "log"};
+                                                    "retain", "peer_access", "trace",   "log",      "handle_bound",
+                                                    "package_assembly"};
   for (size_t i = 0; i < SETTINGS; i++)
     if (!strcmp(name, setting_names[i]) || !strcmp(name, short_names[i])) return setting_names[i];
   return NULL;
@@ -138,6 +140,7 @@ static void check_set(const char *name, const char *value) {
     return;
   }
   if (!env) broken("vmm_config_set accepted the unknown setting \"%s\"", name);
+  if (!strcmp(env, "VMMARENA_STITCH")) broken("the retired VMMARENA_STITCH accepted \"%s\"", value);
   size_t size = 0, *field = NULL;
   if (!strcmp(env, "VMMARENA_RESERVE")) field = &cfg.reserve_bytes;
   if (!strcmp(env, "VMMARENA_HEADROOM")) field = &cfg.headroom_bytes;
