@@ -1,14 +1,6 @@
 # The tools are the Python package's command line (`python3 -m vmmarena stat|memviz`,
-# shim/python/vmmarena/_cli.py); their tests run here. json_min is the strict JSON parser that
-# tests/test_snapshot.c parses snapshots with: built for the test suite only, it goes once that
-# test reads JSON another way.
+# shim/python/vmmarena/_cli.py); their tests run here.
 if(VMMARENA_TESTS)
-  add_library(vmmarena_json_min STATIC ${CMAKE_CURRENT_LIST_DIR}/json_min.c)
-  target_include_directories(vmmarena_json_min PUBLIC ${CMAKE_CURRENT_LIST_DIR})
-  # tests/ is added after bench/, so the link waits for the end of the top-level directory.
-  cmake_language(DEFER DIRECTORY ${PROJECT_SOURCE_DIR}
-    CALL target_link_libraries vmmarena_testutil PUBLIC vmmarena_json_min)
-
   find_program(VMMARENA_PYTHON NAMES python3 HINTS /usr/bin DOC "python3 that runs the Python tests")
   if(VMMARENA_PYTHON)
     enable_testing()
