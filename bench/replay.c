@@ -772,7 +772,9 @@ static void print_summary(const options *o, const result *res) {
   printf("\nx limit: peak physical over the no-retention peak (the physical limit); peak VA: reserved address\n"
          "space; assembled: allocations mapped from idle handles (new memory only for the rest); OOM: allocations\n"
          "refused for want of memory, skipped with their frees; rescued: refusals served by a larger pooled mapping\n"
-         "or a padded assembly. Handle bound inside a scope: %s.\n", human(res[2].snap.handle_bound_bytes, b[0]));
+         "or a padded assembly. Inside a scope new memory is cut into handles of at most 1/64 of the scope's\n"
+         "peak (VMMARENA_HANDLE_BOUND, --handle-bound); at the end of this trace that is %s.\n",
+         human(res[2].snap.handle_bound_bytes, b[0]));
   int best = lowest_peak(res, 0), best_retaining = lowest_peak(res, 1);
   if (best < 0) {
     printf("every policy ran out of memory at this capacity\n");
