@@ -118,8 +118,11 @@ VMM_INTERNAL vmm_handle *vmm_handle_new(CUmemGenericAllocationHandle h, size_t s
 VMM_INTERNAL void vmm_mapping_set_state(vmm_arena *a, vmm_mapping *m, vmm_mapping_state s);
 /* Unmaps m whole. Record before unmap: on failure nothing changes and the error is recorded. */
 VMM_INTERNAL vmm_status vmm_mapping_unmap(vmm_arena *a, vmm_mapping *m, const char *what);
-/* After the unmap: m leaves the counters, the table and its range; each handle still attached
- * (non-NULL) is kept idle (retain) or released; the record is freed. */
+/* After the unmap: each handle still attached to m (non-NULL) is kept idle (retain) or
+ * released, and m holds none. Returns the first release error (that handle stays idle). */
+VMM_INTERNAL vmm_status vmm_mapping_drop_handles(vmm_arena *a, vmm_mapping *m, bool retain);
+/* After the unmap: m leaves the counters, the table and its range; its handles go as
+ * vmm_mapping_drop_handles says; the record is freed. */
 VMM_INTERNAL vmm_status vmm_mapping_dispose(vmm_arena *a, vmm_mapping *m, bool retain);
 /* The one retire: unmap, then dispose. *unmapped says whether the unmap happened. */
 VMM_INTERNAL vmm_status vmm_mapping_retire(vmm_arena *a, vmm_mapping *m, bool retain, const char *what, bool *unmapped);

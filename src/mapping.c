@@ -59,10 +59,7 @@ vmm_status vmm_handle_release(vmm_arena *a, vmm_handle *h) {
                          vmm_fmt_bytes(h->size, b));
 }
 
-vmm_status vmm_mapping_dispose(vmm_arena *a, vmm_mapping *m, bool retain) {
-  vmm_stat_add(a, m->kind, m->state, m->extent, -1);
-  vmm_table_remove(&a->table, m->base);
-  vmm_ranges_free(a, m->base, m->extent, m->reservation);
+vmm_status vmm_mapping_drop_handles(vmm_arena *a, vmm_mapping *m, bool retain) {
   vmm_status st = VMM_OK;
   for (uint32_t i = 0; i < m->handle_count; i++) {
     vmm_handle *h = m->handles[i];
@@ -75,6 +72,18 @@ vmm_status vmm_mapping_dispose(vmm_arena *a, vmm_mapping *m, bool retain) {
       if (st == VMM_OK) st = s;
     }
   }
+  if (m->handles != &m->first) free(m->handles);
+  m->handles = &m->first;
+  m->first = NULL;
+  m->handle_count = 0;
+  return st;
+}
+
+vmm_status vmm_mapping_dispose(vmm_arena *a, vmm_mapping *m, bool retain) {
+  vmm_stat_add(a, m->kind, m->state, m->extent, -1);
+  vmm_table_remove(&a->table, m->base);
+  vmm_ranges_free(a, m->base, m->extent, m->reservation);
+  vmm_status st = vmm_mapping_drop_handles(a, m, retain);
   vmm_mapping_free(m);
   return st;
 }

@@ -118,28 +118,6 @@ static vmm_status check_not_capturing(vmm_arena *a, const char *call, const char
 
 static bool can_copy(const vmm_arena *a) { return a->drv->version >= 2 && a->drv->mem_cpy_dtoh && a->drv->mem_cpy_htod; }
 
-/* After the unmap: m's handles become idle (inside a scope) or are released; m keeps its
- * record and range. Returns the first release error (the handle then stays idle). */
-static vmm_status drop_handles(vmm_arena *a, vmm_mapping *m) {
-  vmm_status st = VMM_OK;
-  bool retain = vmm_retaining(a);
-  for (uint32_t i = 0; i < m->handle_count; i++) {
-    vmm_handle *h = m->handles[i];
-    h->kind = m->kind;
-    if (retain) {
-      vmm_idle_put(a, h);
-    } else {
-      vmm_status s = vmm_handle_release(a, h);
-      if (st == VMM_OK) st = s;
-    }
-  }
-  if (m->handles != &m->first) free(m->handles);
-  m->handles = &m->first;
-  m->first = NULL;
-  m->handle_count = 0;
-  return st;
-}
-
 static void set_paused(vmm_arena *a, vmm_mapping *m, bool paused) {
   vmm_tag_account(a, m->tag, m->extent, paused ? -1 : +1);
   vmm_tag_account_paused(a, m->tag, m->extent, paused ? +1 : -1);
@@ -168,7 +146,7 @@ static vmm_status pause_one(vmm_arena *a, vmm_mapping *m, vmm_pause_mode mode) {
   }
   m->backup = backup;
   set_paused(a, m, true);
-  return drop_handles(a, m);
+  return vmm_mapping_drop_handles(a, m, vmm_retaining(a)); /* m keeps its record and range */
 }
 
 vmm_status vmm_arena_pause(vmm_arena *a, const char *tag, vmm_pause_mode mode) {
