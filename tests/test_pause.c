@@ -2,9 +2,12 @@
  * a failed resume retried to success, and a countdown of driver faults over pause and resume
  * in and out of a retention scope with a clean ledger after each. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "test_util.h"
+#include "vmmarena/trace.h"
 
 #define S1 TU_STREAM(1)
 #define S2 TU_STREAM(2)
@@ -334,6 +337,55 @@ static void snapshot_reports_paused(void **state) {
   tu_destroy(a);
 }
 
+/* The trace records pause and resume with their tag and bytes, and its parser reads them back. */
+static void trace_records_pause_and_resume(void **state) {
+  (void)state;
+  char path[] = "/tmp/vmmarena-pause-trace-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  vmm_arena *a = tu_arena(NULL, NULL);
+  assert_int_equal(vmm_arena_trace(a, path), VMM_OK);
+  void *p = tagged(a, "graph a", 6 * MiB, VMM_KIND_PACKAGE, S1);
+  assert_int_equal(vmm_arena_pause(a, "graph a", VMM_PAUSE_BACKUP), VMM_OK);
+  assert_int_equal(vmm_arena_resume(a, "graph a"), VMM_OK);
+  assert_int_equal(vmm_arena_pause(a, "graph a", VMM_PAUSE_DISCARD), VMM_OK);
+  assert_int_equal(vmm_arena_resume(a, "missing"), VMM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(vmm_arena_trace(a, NULL), VMM_OK);
+  static const struct {
+    vmm_trace_op op;
+    uint64_t rounded;
+    const char *tag;
+    int result;
+  } want[] = {{VMM_TRACE_ALLOC, 6 * MiB, "graph a", VMM_OK},
+              {VMM_TRACE_PAUSE_BACKUP, 6 * MiB, "graph a", VMM_OK},
+              {VMM_TRACE_RESUME, 6 * MiB, "graph a", VMM_OK},
+              {VMM_TRACE_PAUSE_DISCARD, 6 * MiB, "graph a", VMM_OK},
+              {VMM_TRACE_RESUME, 0, "", VMM_ERR_INVALID_ARGUMENT}};
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char line[1024];
+  size_t n = 0;
+  while (fgets(line, sizeof line, f)) {
+    vmm_trace_record rec;
+    const char *why = NULL;
+    int rc = vmm_trace_parse_line(line, strlen(line), &rec, &why);
+    if (rc < 0) fail_msg("unparsable line %s: %s", line, why);
+    if (rc == 0) continue;
+    assert_true(n < sizeof want / sizeof want[0]);
+    assert_int_equal(rec.op, want[n].op);
+    assert_int_equal(rec.rounded, want[n].rounded);
+    assert_string_equal(rec.tag, want[n].tag);
+    assert_int_equal(rec.result, want[n].result);
+    n++;
+  }
+  fclose(f);
+  unlink(path);
+  assert_int_equal(n, sizeof want / sizeof want[0]);
+  assert_int_equal(vmm_arena_free(a, p, S1), VMM_OK);
+  tu_destroy(a);
+}
+
 /* ---- Countdown: every driver call of pause and resume fails once, then persistently ---- */
 
 /* In or out of a scope: pause (backup and discard), resume; then end. Returns the number of
@@ -405,6 +457,7 @@ int main(void) {
       cmocka_unit_test(failed_resume_is_retried),
       cmocka_unit_test(resume_respects_the_limit),
       cmocka_unit_test(snapshot_reports_paused),
+      cmocka_unit_test(trace_records_pause_and_resume),
       cmocka_unit_test(countdown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
