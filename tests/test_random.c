@@ -1,8 +1,10 @@
 /* Seeded random operations against a shadow model of the arena.
  *
  * Operations: allocations of both kinds (sizes from a small set and random ones) on a few
- * streams, frees of random live pointers, bad frees and bad allocations, begin, finish,
- * abort, quiesce, and now and then a fault injected at one driver entry point (out of
+ * streams, each under a tag (none, "a" or "b"), frees of random live pointers, bad frees and
+ * bad allocations, begin, finish, abort, quiesce, pause and resume of a tag (untagged, "a",
+ * "b", or one no allocation carries; discard or backup, now and then a bad mode), frees of
+ * paused allocations, and now and then a fault injected at one driver entry point (out of
  * memory or a generic error, once or persistently). Each arena gets a random reuse policy,
  * handle bound (mostly the arena's own), package assembly on or off, retention on or off and
  * a physical limit, so assemblies, refusals and fallbacks happen often; it is destroyed and
@@ -19,8 +21,12 @@
  * pooled, retained and abandoned counts and bytes; physical bytes and peak, mapped bytes;
  * reusable handles and bytes; pool hits, misses and fallbacks; assemblies, padded ones, idle
  * handles assembled, bytes created, pooled mappings taken apart; refusals; the handle bound;
- * scope state). Every 256 steps it also compares its unmapped tier, handle by handle, with
- * the arena's. After a step a fault disturbed, the model checks what must still hold
+ * scope state; paused counts and bytes; live and paused bytes by tag). A pause is predicted
+ * whole: its status (every refusal), the records it pauses, the handles that become idle
+ * inside a retaining scope or the memory released outside one. A free of a paused allocation
+ * makes no driver call. A resume is checked, not planned (see op_resume), and the model then
+ * adopts the arena's state. Every 256 steps it also compares its unmapped tier, handle by
+ * handle, with the arena's. After a step a fault disturbed, the model checks what must still hold
  * (allowed statuses, the fatal-error rules) and then adopts the arena's state (internal.h)
  * so that it can predict again. After every step: no two mapped ranges overlap,
  * vmm_arena_check passes, and the driver's view (handle and mapped bytes, no misuse) equals
@@ -48,7 +54,8 @@
 #define ARENA_OPS 100000        /* an arena is replaced after this many operations */
 #define MAX_ALLOC ((size_t)1 << 47)  /* the largest request the arena takes (128 TiB) */
 #define G (2 * MiB)             /* the fake's granularity */
-#define MAX_GRANULES 64         /* no handle is larger than 128 MiB here */
+#define MAX_GRANULES 2048       /* no handle is larger than the largest limit (4 GiB): a resume outside
+                                 * a scope maps one handle of a whole extent, padding and all */
 #define DEEP_CHECK_EVERY 256    /* steps between comparisons of the unmapped tier */
 
 /* ---- Random numbers (splitmix64) ----------------------------------------------------- */
@@ -91,7 +98,13 @@ static char step_what[160];
 
 /* ---- The model ----------------------------------------------------------------------- */
 
-typedef enum { M_LIVE, M_POOLED, M_ABANDONED, M_DEFERRED } mstate;
+typedef enum { M_LIVE, M_POOLED, M_ABANDONED, M_DEFERRED, M_PAUSED } mstate;
+
+/* The tags allocations carry (index 0: none); pause and resume also name TAG_NEVER, which no
+ * allocation ever carries. */
+static const char *const tag_names[] = {NULL, "a", "b", "never"};
+#define TAGS 3
+#define TAG_NEVER 3
 
 typedef struct mrec {
   CUdeviceptr base;
@@ -99,9 +112,10 @@ typedef struct mrec {
   size_t rounded;     /* while live: the rounded request it serves (what frees-at-once would hold) */
   size_t *hs;         /* handle sizes in address order */
   uint8_t *taken;     /* plan scratch: handle i chosen by the assembly being planned */
-  uint32_t nh;
+  uint32_t nh;        /* 0 while paused (extent kept), unless a fault left it mapped */
   vmm_kind kind;
   mstate state;
+  int tag;            /* index in tag_names */
   uint64_t scope;     /* scope it was allocated in, 0 = none */
   int chosen;         /* plan scratch: taken apart by the assembly being planned */
   struct mrec *next;  /* next older mapping of its bucket while pooled */
@@ -130,6 +144,7 @@ typedef struct model {
   size_t mapped_n, mapped_cap;
   mrec **live;
   size_t live_n, live_cap;
+  size_t paused_n;  /* records in M_PAUSED */
   mbucket *buckets; /* sorted by size, none empty */
   size_t bucket_n, bucket_cap;
   size_t pool_handles;
@@ -242,6 +257,7 @@ static void stat(model *m, const mrec *r, int sign) {
   uint64_t *count = &k->live_count, *bytes = &k->live_bytes;
   if (r->state == M_POOLED) count = &k->pooled_count, bytes = &k->pooled_bytes;
   if (r->state == M_ABANDONED) count = &k->abandoned_count, bytes = &k->abandoned_bytes;
+  if (r->state == M_PAUSED) count = &k->paused_count, bytes = &k->paused_bytes;
   *count += (uint64_t)(int64_t)sign;
   *bytes += (uint64_t)((int64_t)sign * (int64_t)r->extent);
 }
@@ -353,7 +369,7 @@ static void make_live(model *m, mrec *r, size_t rounded) {
 
 static void model_clear_records(model *m) {
   for (size_t i = 0; i < m->mapped_n; i++) mrec_free(m->mapped[i]);
-  m->mapped_n = m->live_n = m->bucket_n = 0;
+  m->mapped_n = m->live_n = m->bucket_n = m->paused_n = 0;
   m->pool_handles = 0;
   m->live_rounded = 0;
   idle_clear(m);
@@ -554,11 +570,20 @@ static mstate state_of(vmm_mapping_state s) {
   case VMM_MAP_POOLED: return M_POOLED;
   case VMM_MAP_DEFERRED: return M_DEFERRED;
   case VMM_MAP_ABANDONED: return M_ABANDONED;
-  case VMM_MAP_FREEING:
-  case VMM_MAP_PAUSED: break;
+  case VMM_MAP_PAUSED: return M_PAUSED;
+  case VMM_MAP_FREEING: break;
   }
-  EXPECT(!"no mapping is mid-free or paused between calls");
+  EXPECT(!"no mapping is mid-free between calls");
   return M_LIVE;
+}
+
+/* The index in tag_names of an interned tag id. */
+static int tag_index(uint32_t id) {
+  const char *name = id ? vmm_tag_name(id) : NULL;
+  for (int t = 1; t < TAGS && name; t++)
+    if (!strcmp(name, tag_names[t])) return t;
+  EXPECT(name == NULL);
+  return 0;
 }
 
 static void adopt_buckets(model *m, const vmm_avl *n) {
@@ -595,9 +620,16 @@ static void adopt(model *m, vmm_arena *a, const vmm_snapshot *s) {
     EXPECT(x->handle_count <= 4096);
     for (uint32_t h = 0; h < x->handle_count; h++) hs[h] = x->handles[h]->size;
     mrec *r = mrec_new(x->base, x->kind, hs, x->handle_count);
-    EXPECT_EQ(r->extent, x->extent);
     r->state = state_of(x->state);
+    if (r->state == M_PAUSED) { /* no handles, or (a failed copy back) all of them */
+      EXPECT(r->nh == 0 || r->extent == x->extent);
+      r->extent = x->extent;
+      r->rounded = round_up(x->requested);
+      m->paused_n++;
+    }
+    EXPECT_EQ(r->extent, x->extent);
     r->scope = x->scope_id;
+    r->tag = tag_index(x->tag);
     mapped_insert(m, r);
     if (r->state == M_LIVE) {
       r->rounded = round_up(x->requested);
@@ -663,6 +695,8 @@ static void check_predicted(const model *m, const vmm_snapshot *s) {
     EXPECT_EQ(got->retained_bytes, want->retained_bytes);
     EXPECT_EQ(got->abandoned_count, want->abandoned_count);
     EXPECT_EQ(got->abandoned_bytes, want->abandoned_bytes);
+    EXPECT_EQ(got->paused_count, want->paused_count);
+    EXPECT_EQ(got->paused_bytes, want->paused_bytes);
   }
   EXPECT_EQ(s->retained_reusable_handles, m->pool_handles + m->idle_n);
   EXPECT_EQ(s->retained_reusable_bytes, m->kind[VMM_KIND_TRANSIENT].pooled_bytes + m->idle_bytes);
@@ -686,6 +720,26 @@ static void check_predicted(const model *m, const vmm_snapshot *s) {
   EXPECT_EQ(s->scopes_begun, m->begun);
   EXPECT_EQ(s->scopes_finished, m->finished);
   EXPECT_EQ(s->scopes_aborted, m->aborted);
+}
+
+/* Live and paused bytes and counts by tag, against the arena's per-tag counters. */
+static void check_tags(const model *m, const vmm_arena *a) {
+  for (int t = 0; t < TAGS; t++) {
+    bool known = true;
+    uint32_t id = t ? vmm_tag_lookup(tag_names[t], &known) : 0;
+    uint64_t live = 0, live_bytes = 0, paused = 0, paused_bytes = 0;
+    for (size_t i = 0; i < m->mapped_n; i++) {
+      const mrec *x = m->mapped[i];
+      if (x->tag != t) continue;
+      if (x->state == M_LIVE) live++, live_bytes += x->extent;
+      if (x->state == M_PAUSED) paused++, paused_bytes += x->extent;
+    }
+    int counted = known && id < a->tag_cap;
+    EXPECT_EQ(counted ? a->tag_count[id] : 0, live);
+    EXPECT_EQ(counted ? a->tag_bytes[id] : 0, live_bytes);
+    EXPECT_EQ(counted ? a->tag_paused_count[id] : 0, paused);
+    EXPECT_EQ(counted ? a->tag_paused_bytes[id] : 0, paused_bytes);
+  }
 }
 
 /* The unmapped tier, handle by handle: size, kind and place (by size, then age). */
@@ -743,6 +797,11 @@ static void check_idle_deep(const model *m, const vmm_arena *a) {
  *    read counts as capturing, so that step neither reuses nor takes apart pooled mappings
  *    freed on that stream: pooled mappings whose freeing stream is capturing are outside the
  *    promise, and this is the only way streams capture in this test).
+ *  - resumed: in a step the model did not plan (a resume, or a free of a paused allocation a
+ *    fault left mapped), what physical memory grew by beyond the live rounded bytes: a resume
+ *    maps back the whole extent (a fallback's padding, which may predate the scope, included).
+ *    Paused allocations hold no memory and are not live; a pause inside the scope of an
+ *    allocation made before it counts under made_before, like a free.
  *  - stranded: only where the bound exceeds the one the arena would choose for this scope's
  *    own peak (the peak less all of the above), because the arena's physical peak counts
  *    memory this scope cannot use (abandoned memory, an earlier and larger scope): the most
@@ -755,7 +814,7 @@ typedef struct scope_watch {
   int on;
   uint64_t peak_at_begin; /* the arena's physical peak when the scope began */
   uint64_t physical_peak, live_peak;
-  uint64_t held_at_begin, made_before, aborted_freed, package_off, fallback_padding, disturbed;
+  uint64_t held_at_begin, made_before, aborted_freed, package_off, fallback_padding, disturbed, resumed;
   uint64_t stranded; /* the most idle bytes an assembly left unused while it created memory */
 } scope_watch;
 
@@ -771,6 +830,9 @@ typedef struct run {
   scope_watch w;
   int deferred_at_start; /* frees waiting for a capture end: the next call processes them */
   int began;             /* the step began a scope */
+  int resumed;           /* the step was a resume that acted (the model adopted the arena's state) */
+  CUdeviceptr got;       /* the pointer the latest allocation returned */
+  uint64_t pauses, resumes, paused_frees; /* successful ones, for the summary */
   unsigned fired_before; /* fake_faults_fired() at the start of the step */
   /* totals for the summary */
   uint64_t arenas, disturbed_steps, faults, ooms, bad_calls, hits, fallbacks, assemblies, padded, finishes, aborts;
@@ -820,7 +882,7 @@ static vmm_status op_alloc(run *r, size_t bytes, vmm_kind kind) {
   snprintf(step_what, sizeof step_what, "alloc %zu %s", bytes, kind == VMM_KIND_PACKAGE ? "package" : "transient");
   void *p = (void *)1;
   vmm_status st = vmm_arena_alloc(r->a, bytes, kind, stream, &p);
-  CUdeviceptr got = (CUdeviceptr)(uintptr_t)p;
+  CUdeviceptr got = r->got = (CUdeviceptr)(uintptr_t)p;
   r->ooms += st == VMM_ERR_OUT_OF_MEMORY;
   if (disturbed(r)) {
     EXPECT(st == VMM_OK || st == VMM_ERR_OUT_OF_MEMORY || st == VMM_ERR_DRIVER);
@@ -945,6 +1007,177 @@ static vmm_status op_free(run *r) {
     m->physical -= x->extent;
   }
   EXPECT_EQ(fake_mapped_size_at(x->base), 0);
+  mrec_free(x);
+  return st;
+}
+
+/* An allocation under a random tag (none, "a" or "b"), pushed around the call: the record
+ * carries it, and so must the arena's. */
+static vmm_status op_alloc_tagged(run *r, size_t bytes, vmm_kind kind) {
+  int t = (int)below(TAGS);
+  if (t) vmm_tag_push(tag_names[t]);
+  r->got = 0;
+  vmm_status st = op_alloc(r, bytes, kind);
+  if (t) vmm_tag_pop();
+  EXPECT(vmm_tag_current() == NULL);
+  if (st != VMM_OK) return st;
+  const vmm_mapping *x = vmm_table_find(&r->a->table, r->got);
+  EXPECT(x != NULL);
+  EXPECT_EQ(tag_index(x->tag), t);
+  mrec *y = mapped_find(&r->m, r->got);
+  if (y) y->tag = t; /* a disturbed step adopts it */
+  return st;
+}
+
+static size_t tag_records(const model *m, int tag, mstate state, uint64_t *bytes) {
+  size_t n = 0;
+  if (bytes) *bytes = 0;
+  for (size_t i = 0; i < m->mapped_n; i++)
+    if (m->mapped[i]->tag == tag && m->mapped[i]->state == state) {
+      n++;
+      if (bytes) *bytes += m->mapped[i]->extent;
+    }
+  return n;
+}
+
+/* Pause of every live allocation of a tag. Refused, with no driver call and nothing changed,
+ * for a tag no allocation ever carried, a bad mode, or no live allocation with the tag. Else,
+ * in address order: each one's handles become idle (the newest of their sizes, in address
+ * order) inside a retaining scope and are released outside one; the record and its range stay,
+ * paused, unmapped. BACKUP only where the tag holds little: the fake copies every byte. */
+static vmm_status op_pause(run *r) {
+  model *m = &r->m;
+  int t = per_mille(50) ? TAG_NEVER : (int)below(TAGS);
+  uint64_t live_bytes;
+  size_t n = tag_records(m, t, M_LIVE, &live_bytes);
+  int mode = per_mille(20) ? 7 : per_mille(300) && live_bytes <= 16 * MiB ? VMM_PAUSE_BACKUP : VMM_PAUSE_DISCARD;
+  snprintf(step_what, sizeof step_what, "pause %s (mode %d, %zu live, %llu bytes)", t ? tag_names[t] : "untagged",
+           mode, n, (unsigned long long)live_bytes);
+  size_t calls = driver_calls();
+  vmm_status st = vmm_arena_pause(r->a, tag_names[t], (vmm_pause_mode)mode);
+  if (mode > VMM_PAUSE_BACKUP || !n) { /* checked before anything is touched */
+    r->bad_calls++;
+    EXPECT_EQ(st, VMM_ERR_INVALID_ARGUMENT);
+    if (!r->deferred_at_start) EXPECT_EQ(driver_calls(), calls);
+    return st;
+  }
+  if (disturbed(r)) {
+    EXPECT(st == VMM_OK || st == VMM_ERR_OUT_OF_MEMORY || st == VMM_ERR_DRIVER || st == VMM_ERR_SCOPE_STATE);
+    return st;
+  }
+  EXPECT_EQ(st, VMM_OK);
+  r->pauses++;
+  for (size_t i = 0; i < m->mapped_n; i++) { /* address order, as the arena pauses them */
+    mrec *x = m->mapped[i];
+    if (x->tag != t || x->state != M_LIVE) continue;
+    stat(m, x, -1);
+    live_remove(m, x);
+    x->state = M_PAUSED;
+    stat(m, x, +1);
+    m->paused_n++;
+    m->mapped_bytes -= x->extent;
+    /* Its handles were cut for another scope's peak (or not at all): like a free of it. */
+    if (retaining(m) && r->w.on && x->scope != m->scope_id) r->w.made_before += x->extent;
+    if (retaining(m)) {
+      for (uint32_t h = 0; h < x->nh; h++) idle_put(m, x->hs[h], x->kind);
+    } else {
+      m->physical -= x->extent;
+    }
+    x->nh = 0;
+    EXPECT_EQ(fake_mapped_size_at(x->base), 0);
+    const vmm_mapping *y = vmm_table_find(&r->a->table, x->base);
+    EXPECT(y != NULL && y->state == VMM_MAP_PAUSED && y->handle_count == 0 && y->extent == x->extent);
+    EXPECT((y->backup != NULL) == (mode == VMM_PAUSE_BACKUP));
+  }
+  return st;
+}
+
+/* Resume of every paused allocation of a tag. A refusal (a tag never carried, nothing paused)
+ * makes no driver call and changes nothing. Otherwise the model does not plan the assemblies;
+ * it checks what must hold and adopts the arena's state: in address order, the allocations
+ * resumed are live again at their bases with their extents mapped, the rest (after a refusal
+ * for the limit or a fault) still paused; physical memory grew by at most the extents
+ * resumed; no other allocation changed state, except pooled mappings taken apart. */
+static vmm_status op_resume(run *r) {
+  model *m = &r->m;
+  int t = per_mille(50) ? TAG_NEVER : (int)below(TAGS);
+  uint64_t paused_bytes;
+  size_t n = tag_records(m, t, M_PAUSED, &paused_bytes);
+  snprintf(step_what, sizeof step_what, "resume %s (%zu paused, %llu bytes, scope %s)", t ? tag_names[t] : "untagged",
+           n, (unsigned long long)paused_bytes, m->scope_active ? "active" : "none");
+  size_t calls = driver_calls();
+  uint64_t physical_before = r->a->physical_bytes, refusals_before = r->a->limit_refusals;
+  vmm_status st = vmm_arena_resume(r->a, tag_names[t]);
+  if (!n) {
+    r->bad_calls++;
+    EXPECT_EQ(st, VMM_ERR_INVALID_ARGUMENT);
+    if (!r->deferred_at_start) EXPECT_EQ(driver_calls(), calls);
+    return st;
+  }
+  int upset = disturbed(r);
+  if (upset) EXPECT(st == VMM_OK || st == VMM_ERR_OUT_OF_MEMORY || st == VMM_ERR_DRIVER || st == VMM_ERR_SCOPE_STATE);
+  else EXPECT(st == VMM_OK || st == VMM_ERR_OUT_OF_MEMORY);
+  r->resumed = 1;
+  r->resumes += st == VMM_OK;
+  r->ooms += st == VMM_ERR_OUT_OF_MEMORY;
+  uint64_t resumed_bytes = 0;
+  int stopped = 0;
+  for (size_t i = 0; i < m->mapped_n; i++) {
+    const mrec *x = m->mapped[i];
+    const vmm_mapping *y = vmm_table_find(&r->a->table, x->base);
+    if (!y && (x->state == M_POOLED || r->deferred_at_start)) continue; /* taken apart, or a deferred free done */
+    EXPECT(y != NULL);
+    EXPECT_EQ(y->extent, x->extent);
+    if (x->tag != t || x->state != M_PAUSED) {
+      if (!r->deferred_at_start) EXPECT_EQ(state_of(y->state), x->state); /* deferred frees are processed first */
+      continue;
+    }
+    if (y->state == VMM_MAP_LIVE) {
+      EXPECT(!stopped); /* the allocations are resumed in address order */
+      EXPECT(y->handle_count > 0 && y->backup == NULL);
+      EXPECT_EQ(tu_mapped_from((void *)(uintptr_t)x->base, x->extent), x->extent);
+      resumed_bytes += x->extent;
+    } else {
+      EXPECT_EQ(y->state, VMM_MAP_PAUSED);
+      if (!stopped && !upset) { /* the first one left paused was refused new memory by the limit */
+        uint64_t held = r->a->physical_bytes;
+        EXPECT(held > m->limit || x->extent > m->limit - held);
+        EXPECT_EQ(r->a->limit_refusals, refusals_before + 1);
+      }
+      if (!upset) EXPECT(y->handle_count == 0);
+      stopped = 1;
+    }
+  }
+  EXPECT_EQ(stopped, st != VMM_OK);
+  if (!upset) EXPECT(r->a->physical_bytes <= physical_before + resumed_bytes);
+  return st;
+}
+
+/* Free of a paused allocation: no driver call, its range returns, the record goes. */
+static vmm_status op_free_paused(run *r) {
+  model *m = &r->m;
+  size_t k = below(m->paused_n);
+  mrec *x = NULL;
+  for (size_t i = 0; i < m->mapped_n && !x; i++)
+    if (m->mapped[i]->state == M_PAUSED && !k--) x = m->mapped[i];
+  EXPECT(x != NULL);
+  snprintf(step_what, sizeof step_what, "free paused 0x%llx (%zu bytes, %u handles)", (unsigned long long)x->base,
+           x->extent, x->nh);
+  size_t calls = driver_calls();
+  vmm_status st = vmm_arena_free(r->a, (void *)(uintptr_t)x->base, random_stream());
+  if (disturbed(r) || x->nh) { /* a failed copy back left it mapped: the free unmaps it */
+    r->resumed = 1; /* adopt */
+    EXPECT(st == VMM_OK || st == VMM_ERR_OUT_OF_MEMORY || st == VMM_ERR_DRIVER);
+    return st;
+  }
+  EXPECT_EQ(st, VMM_OK);
+  EXPECT_EQ(driver_calls(), calls);
+  EXPECT(vmm_table_find(&r->a->table, x->base) == NULL);
+  r->paused_frees++;
+  m->frees++;
+  stat(m, x, -1);
+  m->paused_n--;
+  mapped_remove(m, x);
   mrec_free(x);
   return st;
 }
@@ -1090,7 +1323,7 @@ static void watch_begin(run *r, const vmm_snapshot *s) {
 }
 
 static void watch_step(run *r, const vmm_snapshot *s, uint64_t physical_before, uint64_t peak_before,
-                       uint64_t live_before, int upset) {
+                       uint64_t live_before, int upset, int resumed) {
   scope_watch *w = &r->w;
   const model *m = &r->m;
   /* The highest physical figure of the step: the end, or a new arena peak reached inside it. */
@@ -1098,10 +1331,10 @@ static void watch_step(run *r, const vmm_snapshot *s, uint64_t physical_before, 
   if (s->physical_peak_bytes > peak_before && s->physical_peak_bytes > step_peak) step_peak = s->physical_peak_bytes;
   if (step_peak > w->physical_peak) w->physical_peak = step_peak;
   if (m->live_rounded > w->live_peak) w->live_peak = m->live_rounded;
-  if (upset) {
+  if (upset || resumed) {
     uint64_t grew = step_peak > physical_before ? step_peak - physical_before : 0;
     uint64_t live = m->live_rounded > live_before ? m->live_rounded - live_before : 0;
-    w->disturbed += grew > live ? grew - live : 0;
+    *(upset ? &w->disturbed : &w->resumed) += grew > live ? grew - live : 0;
   }
 }
 
@@ -1111,7 +1344,8 @@ static void watch_end(run *r) {
   w->on = 0;
   uint64_t bound = model_bound(&r->m, 0);
   uint64_t outside =
-      w->held_at_begin + w->made_before + w->aborted_freed + w->package_off + w->fallback_padding + w->disturbed;
+      w->held_at_begin + w->made_before + w->aborted_freed + w->package_off + w->fallback_padding + w->disturbed +
+      w->resumed;
   uint64_t own_peak = w->physical_peak > outside ? w->physical_peak - outside : 0;
   if (bound > bound_for(own_peak)) { /* a bound chosen for memory this scope cannot use */
     outside += w->stranded;
@@ -1124,11 +1358,12 @@ static void watch_end(run *r) {
     fprintf(stderr,
             "scope %llu: physical peak %llu > 1.02 x live peak %llu + bound %llu + outside %llu (held at begin %llu, "
             "made before %llu, aborted and freed %llu, package assembly off %llu, fallback padding %llu, disturbed "
-            "%llu, stranded under a larger peak's bound %llu)\n",
+            "%llu, resumed %llu, stranded under a larger peak's bound %llu)\n",
             (unsigned long long)r->m.scope_id, (unsigned long long)w->physical_peak, (unsigned long long)w->live_peak,
             (unsigned long long)bound, (unsigned long long)outside, (unsigned long long)w->held_at_begin,
             (unsigned long long)w->made_before, (unsigned long long)w->aborted_freed, (unsigned long long)w->package_off,
-            (unsigned long long)w->fallback_padding, (unsigned long long)w->disturbed, (unsigned long long)w->stranded);
+            (unsigned long long)w->fallback_padding, (unsigned long long)w->disturbed, (unsigned long long)w->resumed,
+            (unsigned long long)w->stranded);
     EXPECT(!"the physical peak of the scope is within the promise");
   }
   r->scopes_checked++;
@@ -1246,14 +1481,17 @@ static void random_operations(void **state) {
     r.fired_before = fake_faults_fired();
     r.deferred_at_start = has_deferred(m);
     r.began = 0;
+    r.resumed = 0;
     uint64_t physical_before = r.a->physical_bytes, peak_before = r.a->physical_peak, live_before = m->live_rounded;
     CUresult code = per_mille(20) ? arm_fault() : CUDA_SUCCESS;
 
     unsigned pick = (unsigned)below(1000);
-    int alloc = pick < 480 ? m->live_n < LIVE_TARGET : pick < 950 && !m->live_n;
+    int alloc = pick < 480 ? m->live_n < LIVE_TARGET : pick < 930 && !m->live_n;
     vmm_status st;
-    if (alloc) st = op_alloc(&r, random_size(), per_mille(750) ? VMM_KIND_TRANSIENT : VMM_KIND_PACKAGE);
-    else if (pick < 950) st = op_free(&r);
+    if (alloc) st = op_alloc_tagged(&r, random_size(), per_mille(750) ? VMM_KIND_TRANSIENT : VMM_KIND_PACKAGE);
+    else if (pick < 930) st = m->paused_n && per_mille(100) ? op_free_paused(&r) : op_free(&r);
+    else if (pick < 940 && m->paused_n < 64) st = op_pause(&r); /* paused records stay few: checks walk them all */
+    else if (pick < 950) st = op_resume(&r);
     else if (pick < 965) st = op_begin(&r);
     else if (pick < 971) st = op_finish(&r);
     else if (pick < 973) st = op_abort(&r);
@@ -1275,12 +1513,13 @@ static void random_operations(void **state) {
 
     vmm_snapshot s;
     assert_int_equal(vmm_arena_snapshot(r.a, &s), VMM_OK);
-    if (upset) {
-      r.disturbed_steps++;
+    if (upset || r.resumed) {
+      r.disturbed_steps += upset;
       adopt(m, r.a, &s);
     } else {
       check_predicted(m, &s);
     }
+    if (!has_deferred(m)) check_tags(m, r.a);
     check_common(r.a, m, &s);
     if (step_no % DEEP_CHECK_EVERY == 0) {
       check_idle_deep(m, r.a);
@@ -1288,7 +1527,7 @@ static void random_operations(void **state) {
     }
 
     /* The physical limit, scope by scope. */
-    if (r.w.on) watch_step(&r, &s, physical_before, peak_before, live_before, upset);
+    if (r.w.on) watch_step(&r, &s, physical_before, peak_before, live_before, upset, r.resumed);
     if (r.w.on && !m->scope_active) watch_end(&r);
     if (r.began && watched(m)) watch_begin(&r, &s);
   }
@@ -1301,6 +1540,8 @@ static void random_operations(void **state) {
          (unsigned long long)r.hits, (unsigned long long)r.fallbacks, (unsigned long long)r.assemblies,
          (unsigned long long)r.padded, (unsigned long long)r.ooms, (unsigned long long)r.bad_calls,
          (unsigned long long)r.faults, (unsigned long long)r.disturbed_steps, (unsigned long long)r.deep_checks);
+  printf("test_random: %llu pauses, %llu resumes, %llu frees of paused allocations\n", (unsigned long long)r.pauses,
+         (unsigned long long)r.resumes, (unsigned long long)r.paused_frees);
   printf("test_random: physical limit checked in %llu scopes (%llu with memory outside the promise, %llu with a "
          "bound above their own peak's); worst (peak - bound - outside) / live peak %.4f, least room left %.1f MiB\n",
          (unsigned long long)r.scopes_checked, (unsigned long long)r.scopes_with_outside,
