@@ -225,15 +225,14 @@ static vmm_status from_idle_padded(vmm_arena *a, const vmm_request *req, vmm_map
  * (the next one tries), a refusal of new memory (VMM_ERR_OUT_OF_MEMORY: the next one tries,
  * and the fallbacks open), or another error, which ends the list. */
 static const struct {
-  const char *name;
   bool after_refusal; /* tried only once new memory was refused */
   vmm_status (*take)(vmm_arena *a, const vmm_request *req, vmm_mapping **out);
 } sources[] = {
-    {"pool hit", false, from_pool},               /* a pooled mapping the reuse policy allows: no driver call */
-    {"assembly", false, from_idle_and_new},       /* idle handles back to back, new memory only for the rest */
-    {"new memory", false, from_new_memory},       /* one new handle, where nothing is retained */
-    {"pooled fallback", true, from_any_pooled},   /* any pooled mapping that fits, whatever its size */
-    {"padded assembly", true, from_idle_padded},  /* idle handles, the last one larger than what is left */
+    {false, from_pool},         /* pool hit: a pooled mapping the reuse policy allows, no driver call */
+    {false, from_idle_and_new}, /* assembly: idle handles back to back, new memory only for the rest */
+    {false, from_new_memory},   /* new memory: one handle, where nothing is retained */
+    {true, from_any_pooled},    /* pooled fallback: any pooled mapping that fits, whatever its size */
+    {true, from_idle_padded},   /* padded assembly: idle handles, the last one larger than what is left */
 };
 
 static void become_live(vmm_arena *a, vmm_mapping *m, const vmm_request *req) {
