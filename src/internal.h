@@ -114,6 +114,8 @@ VMM_INTERNAL vmm_mapping *vmm_mapping_new(uint32_t handles);
 /* Frees the record, not its handles. */
 VMM_INTERNAL void vmm_mapping_free(vmm_mapping *m);
 VMM_INTERNAL vmm_handle *vmm_handle_new(CUmemGenericAllocationHandle h, size_t size, vmm_kind kind);
+/* qsort order of mapping record pointers: ascending base address. */
+VMM_INTERNAL int vmm_mapping_by_base(const void *x, const void *y);
 /* Moves m to state s, keeping the per-kind counters. */
 VMM_INTERNAL void vmm_mapping_set_state(vmm_arena *a, vmm_mapping *m, vmm_mapping_state s);
 /* Unmaps m whole. Record before unmap: on failure nothing changes and the error is recorded. */

@@ -29,6 +29,11 @@ vmm_handle *vmm_handle_new(CUmemGenericAllocationHandle h, size_t size, vmm_kind
   return x;
 }
 
+int vmm_mapping_by_base(const void *x, const void *y) {
+  CUdeviceptr a = (*(vmm_mapping *const *)x)->base, b = (*(vmm_mapping *const *)y)->base;
+  return a < b ? -1 : a > b;
+}
+
 void vmm_mapping_set_state(vmm_arena *a, vmm_mapping *m, vmm_mapping_state s) {
   vmm_stat_add(a, m->kind, m->state, m->extent, -1);
   m->state = s;

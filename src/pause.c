@@ -32,19 +32,18 @@ static const char *label(const char *tag, char buf[300]) {
   return buf;
 }
 
-/* The allocations tagged `id` in state `s`, by base address; *n their count. NULL with *n 0
- * when there are none, or on host out-of-memory (*oom). */
-static int by_base(const void *x, const void *y) {
-  CUdeviceptr a = (*(vmm_mapping *const *)x)->base, b = (*(vmm_mapping *const *)y)->base;
-  return a < b ? -1 : a > b;
+static size_t count_state(vmm_arena *a, uint32_t id, vmm_mapping_state s) {
+  size_t n = 0;
+  vmm_mapping *m;
+  vmm_table_foreach(&a->table, i, m) if (m->tag == id && m->state == s) n++;
+  return n;
 }
 
+/* The allocations tagged `id` in state `s`, by base address; *n their count. NULL with *n 0
+ * when there are none, or on host out-of-memory (*oom). */
 static vmm_mapping **collect(vmm_arena *a, uint32_t id, vmm_mapping_state s, size_t *n, bool *oom) {
-  *n = 0;
   *oom = false;
-  vmm_mapping *m;
-  vmm_table_foreach(&a->table, i, m) if (m->tag == id && m->state == s)(*n)++;
-  if (!*n) return NULL;
+  if (!(*n = count_state(a, id, s))) return NULL;
   vmm_mapping **list = malloc(*n * sizeof *list);
   if (!list) {
     *oom = true;
@@ -52,16 +51,10 @@ static vmm_mapping **collect(vmm_arena *a, uint32_t id, vmm_mapping_state s, siz
     return NULL;
   }
   size_t k = 0;
-  vmm_table_foreach(&a->table, i, m) if (m->tag == id && m->state == s) list[k++] = m;
-  qsort(list, k, sizeof *list, by_base);
-  return list;
-}
-
-static size_t count_state(vmm_arena *a, uint32_t id, vmm_mapping_state s) {
-  size_t n = 0;
   vmm_mapping *m;
-  vmm_table_foreach(&a->table, i, m) if (m->tag == id && m->state == s) n++;
-  return n;
+  vmm_table_foreach(&a->table, i, m) if (m->tag == id && m->state == s) list[k++] = m;
+  qsort(list, k, sizeof *list, vmm_mapping_by_base);
+  return list;
 }
 
 /* Checks the call's arguments and finds the allocations it acts on. Refusals change nothing. */

@@ -160,10 +160,6 @@ static void buckets_json(jw *w, const vmm_avl *n, int *first) {
   buckets_json(w, n->right, first);
 }
 
-static int by_base(const void *x, const void *y) {
-  CUdeviceptr a = (*(vmm_mapping *const *)x)->base, b = (*(vmm_mapping *const *)y)->base;
-  return a < b ? -1 : a > b;
-}
 
 static const char *state_json(vmm_mapping_state s) {
   static const char *const names[] = {"live", "pooled", "freeing", "deferred", "abandoned", "paused"};
@@ -267,7 +263,7 @@ vmm_status vmm_arena_snapshot_json(vmm_arena *a, char *buf, size_t cap, size_t *
   vmm_mapping *m;
   if (list) {
     vmm_table_foreach(&a->table, i, m) list[n++] = m;
-    qsort(list, n, sizeof *list, by_base);
+    qsort(list, n, sizeof *list, vmm_mapping_by_base);
   }
   for (size_t i = 0; i < n; i++) {
     m = list[i];
