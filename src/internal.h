@@ -347,6 +347,9 @@ VMM_INTERNAL vmm_status vmm_admit_device(vmm_arena *a, size_t bytes, size_t roun
 VMM_INTERNAL vmm_status vmm_refuse_driver_oom(vmm_arena *a, size_t bytes, size_t rounded, vmm_kind kind);
 
 /* ---- Stream order (stream_order.c) --------------------------------------------------- */
+/* Whether `s` is capturing a graph; the legacy stream counts as capturing while another stream
+ * captures (a synchronous call on it would join the capture). Returns a failed query's result. */
+VMM_INTERNAL CUresult vmm_capture_query(vmm_arena *a, CUstream s, bool *capturing);
 /* 1 if the stream is capturing (or its state cannot be read), 0 if not. */
 VMM_INTERNAL int vmm_stream_capturing(vmm_arena *a, CUstream s);
 typedef struct vmm_reuse_ctx {

@@ -99,14 +99,14 @@ static vmm_status refuse_capture(vmm_arena *a, const char *call, const char *tag
 /* Refuses (VMM_ERR_SCOPE_STATE) while `stream` captures a CUDA graph, or the legacy stream
  * would join a capture; a failed query is a driver error. */
 static vmm_status check_not_capturing(vmm_arena *a, const char *call, const char *tag, CUstream stream, CUdeviceptr base) {
-  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  CUresult r = VMM_DRV(a, stream_is_capturing, stream, &status);
-  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || (r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE))
-    return refuse_capture(a, call, tag, stream, base);
-  if (r == CUDA_SUCCESS) return VMM_OK;
+  bool capturing;
+  CUresult r = vmm_capture_query(a, stream, &capturing);
   char t[300];
-  return vmm_fail_driver(a, r, VMM_DRV_stream_is_capturing, "%s(%s): reading the capture state of stream %p; nothing changed",
-                         call, label(tag, t), (void *)stream);
+  if (r != CUDA_SUCCESS)
+    return vmm_fail_driver(a, r, VMM_DRV_stream_is_capturing,
+                           "%s(%s): reading the capture state of stream %p; nothing changed", call, label(tag, t),
+                           (void *)stream);
+  return capturing ? refuse_capture(a, call, tag, stream, base) : VMM_OK;
 }
 
 static bool can_copy(const vmm_arena *a) { return a->drv->version >= 2 && a->drv->mem_cpy_dtoh && a->drv->mem_cpy_htod; }

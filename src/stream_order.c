@@ -4,6 +4,17 @@
  * until the capture is over. */
 #include "internal.h"
 
+CUresult vmm_capture_query(vmm_arena *a, CUstream s, bool *capturing) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult r = VMM_DRV(a, stream_is_capturing, s, &status);
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) { /* the legacy stream, while another stream captures */
+    *capturing = true;
+    return CUDA_SUCCESS;
+  }
+  *capturing = r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
+  return r;
+}
+
 int vmm_stream_capturing(vmm_arena *a, CUstream s) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   CUresult r = VMM_DRV(a, stream_is_capturing, s, &status);
@@ -48,13 +59,12 @@ vmm_status vmm_wait_for_free(vmm_arena *a, const vmm_mapping *m, const char *wha
   for (size_t i = 0; i < *n_waited; i++)
     if (waited[i] == m->stream) return VMM_OK;
   char b[32];
-  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  CUresult r = VMM_DRV(a, stream_is_capturing, m->stream, &status);
-  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) status = CU_STREAM_CAPTURE_STATUS_ACTIVE; /* legacy stream */
-  else if (r != CUDA_SUCCESS)
+  bool capturing;
+  CUresult r = vmm_capture_query(a, m->stream, &capturing);
+  if (r != CUDA_SUCCESS)
     return vmm_fail_driver(a, r, VMM_DRV_stream_is_capturing, "%s: reading the capture state of stream %p", what,
                            (void *)m->stream);
-  if (status != CU_STREAM_CAPTURE_STATUS_NONE)
+  if (capturing)
     return vmm_fail(a, VMM_ERR_SCOPE_STATE,
                     "%s: pooled %s at 0x%llx was freed on stream %p, which is capturing and cannot be waited for "
                     "before the unmap; nothing touched",
