@@ -1,8 +1,7 @@
-/* Arena: the public entry points. Creation and destruction, allocate (the ordered list of
- * sources below), free, quiesce, and the error accessors. One mutex per arena; stream
- * synchronization happens outside it. The other concerns have files of their own: mapping.c
- * (records, the one retire), store.c (idle handles), assembly.c, stream_order.c, admission.c,
- * scope.c. */
+/* Arena: the public entry points for memory. Allocate (the ordered list of sources below),
+ * free, quiesce, destroy, and the error accessors. One mutex per arena; stream
+ * synchronization happens outside it. Creation is in arena_create.c; docs/design.md draws
+ * how the other files divide the work. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,161 +9,6 @@
 #include "internal.h"
 
 #define VMM_MAX_ALLOC ((size_t)1 << 47) /* 128 TiB: more than any device's VA space */
-
-static __thread char create_error[512];
-
-const char *vmm_create_error(void) { return create_error; }
-
-/* ---- Creation ------------------------------------------------------------------------ */
-
-static vmm_status create_fail(vmm_arena *a, vmm_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static vmm_status create_fail(vmm_arena *a, vmm_status s, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(create_error, sizeof create_error, fmt, ap);
-  va_end(ap);
-  if (a) vmm_log(1, a->cfg.log_level, "vmmarena: %s", create_error);
-  return s;
-}
-
-#define CREATE_DRV(a, field, ...)                                                                          \
-  do {                                                                                                     \
-    CUresult r_ = VMM_DRV(a, field, __VA_ARGS__);                                                          \
-    if (r_ != CUDA_SUCCESS) {                                                                              \
-      st = create_fail(a, r_ == CUDA_ERROR_OUT_OF_MEMORY ? VMM_ERR_OUT_OF_MEMORY : VMM_ERR_DRIVER,           \
-                       "creating the arena for device %d: %s returned %s (%d)", cfg->device,               \
-                       vmm_driver_entry_name(VMM_DRV_##field), vmm_cu_error_name(a->drv, r_), (int)r_);    \
-      goto fail;                                                                                           \
-    }                                                                                                      \
-  } while (0)
-
-vmm_status vmm_arena_create(const vmm_config *cfg_in, vmm_arena **out) {
-  if (!out) return create_fail(NULL, VMM_ERR_INVALID_ARGUMENT, "vmm_arena_create: NULL out-pointer");
-  *out = NULL;
-  vmm_config defaults;
-  if (!cfg_in) {
-    vmm_config_init(&defaults);
-    cfg_in = &defaults;
-  }
-  const vmm_config *cfg = cfg_in;
-  if (cfg->device < 0 || cfg->device >= VMM_MAX_DEVICES)
-    return create_fail(NULL, VMM_ERR_INVALID_ARGUMENT, "device %d out of range (0..%d)", cfg->device, VMM_MAX_DEVICES - 1);
-  if (cfg->reuse == VMM_REUSE_BOUNDED && !(cfg->reuse_bound >= 1.0))
-    return create_fail(NULL, VMM_ERR_INVALID_ARGUMENT, "reuse bound %g must be at least 1", cfg->reuse_bound);
-  if ((unsigned)cfg->reuse > VMM_REUSE_NONE || (unsigned)cfg->retain > VMM_RETAIN_OFF)
-    return create_fail(NULL, VMM_ERR_INVALID_ARGUMENT, "unknown reuse policy %d or retention mode %d", (int)cfg->reuse,
-                       (int)cfg->retain);
-  if (cfg->reserve_bytes == 0)
-    return create_fail(NULL, VMM_ERR_INVALID_ARGUMENT, "reserve_bytes must be greater than zero");
-  const struct vmm_driver *drv = cfg->driver;
-  if (!drv) {
-    const char *why = NULL;
-    drv = vmm_driver_cuda(&why);
-    if (!drv) return create_fail(NULL, VMM_ERR_NO_DRIVER, "%s", why);
-  }
-  if (drv->version < 1) return create_fail(NULL, VMM_ERR_INVALID_ARGUMENT, "driver table version %u < 1", drv->version);
-
-  vmm_arena *a = calloc(1, sizeof *a);
-  if (!a) return create_fail(NULL, VMM_ERR_OUT_OF_MEMORY, "host out of memory for the arena");
-  a->cfg = *cfg;
-  a->drv = drv;
-  vmm_status st = VMM_OK;
-  int retained_ctx = 0;
-  if (pthread_mutex_init(&a->lock, NULL)) {
-    free(a);
-    return create_fail(NULL, VMM_ERR_OUT_OF_MEMORY, "pthread_mutex_init failed");
-  }
-  if (vmm_table_init(&a->table)) {
-    st = create_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for the mapping table");
-    goto fail;
-  }
-  CREATE_DRV(a, init, 0);
-  int count = 0;
-  CREATE_DRV(a, device_get_count, &count);
-  if (cfg->device >= count) {
-    st = create_fail(a, VMM_ERR_INVALID_ARGUMENT, "device %d not present: the driver reports %d device(s)", cfg->device,
-                     count);
-    goto fail;
-  }
-  CREATE_DRV(a, device_get, &a->dev, cfg->device);
-  int vmm_supported = 0;
-  CREATE_DRV(a, device_get_attribute, &vmm_supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, a->dev);
-  if (!vmm_supported) {
-    st = create_fail(a, VMM_ERR_DRIVER, "device %d does not support virtual memory management", cfg->device);
-    goto fail;
-  }
-  CREATE_DRV(a, device_get_attribute, &a->integrated, CU_DEVICE_ATTRIBUTE_INTEGRATED, a->dev);
-  CREATE_DRV(a, primary_ctx_retain, &a->ctx, a->dev);
-  retained_ctx = 1;
-  a->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  a->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  a->prop.location.id = cfg->device;
-  CREATE_DRV(a, mem_get_allocation_granularity, &a->granularity, &a->prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
-  if (a->granularity == 0 || (a->granularity & (a->granularity - 1))) {
-    st = create_fail(a, VMM_ERR_DRIVER, "device %d reports granularity %zu, not a power of two", cfg->device,
-                     a->granularity);
-    goto fail;
-  }
-  a->access[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  a->access[0].location.id = cfg->device;
-  a->access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  a->access_count = 1;
-  int all_peers = cfg->peer_access_mask == ~(uint64_t)0;
-  for (int d = 0; d < VMM_MAX_DEVICES; d++) {
-    if (d == cfg->device || !(cfg->peer_access_mask >> d & 1)) continue;
-    if (d >= count) {
-      if (all_peers) break;
-      st = create_fail(a, VMM_ERR_INVALID_ARGUMENT, "peer access to device %d asked, but only %d device(s) exist", d,
-                       count);
-      goto fail;
-    }
-    CUdevice peer;
-    int can = 0;
-    CREATE_DRV(a, device_get, &peer, d);
-    CREATE_DRV(a, device_can_access_peer, &can, peer, a->dev);
-    if (!can) {
-      if (all_peers) continue;
-      st = create_fail(a, VMM_ERR_INVALID_ARGUMENT, "device %d cannot access device %d's memory (no peer path)", d,
-                       cfg->device);
-      goto fail;
-    }
-    a->access[a->access_count].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    a->access[a->access_count].location.id = d;
-    a->access[a->access_count].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    a->access_count++;
-  }
-  a->handle_bound = cfg->handle_bound_bytes ? vmm_round_up(a, cfg->handle_bound_bytes) : 0;
-  a->retention_enabled =
-      cfg->retain == VMM_RETAIN_ON || (cfg->retain == VMM_RETAIN_AUTO && a->integrated);
-  a->next_scope_id = 0;
-  if (cfg->trace_path) {
-    /* Each device's arena gets its own file: "%d" in the path is its ordinal, and without
-     * one, devices other than 0 append ".<ordinal>". */
-    char path[4096];
-    const char *mark = strstr(cfg->trace_path, "%d");
-    int n = mark ? snprintf(path, sizeof path, "%.*s%d%s", (int)(mark - cfg->trace_path), cfg->trace_path, cfg->device,
-                            mark + 2)
-            : cfg->device ? snprintf(path, sizeof path, "%s.%d", cfg->trace_path, cfg->device)
-                          : snprintf(path, sizeof path, "%s", cfg->trace_path);
-    if (n < 0 || (size_t)n >= sizeof path || !(a->trace = vmm_trace_open(path))) {
-      st = create_fail(a, VMM_ERR_INVALID_ARGUMENT, "VMMARENA_TRACE=\"%s\" (file %s): cannot open for writing: %s",
-                       cfg->trace_path, n >= 0 && (size_t)n < sizeof path ? path : "(path too long)",
-                       n >= 0 && (size_t)n < sizeof path ? strerror(errno) : "path too long");
-      goto fail;
-    }
-  }
-  a->cfg.trace_path = NULL;
-  vmm_ctx_leave(a);
-  *out = a;
-  return VMM_OK;
-fail:
-  vmm_ctx_leave(a);
-  if (retained_ctx) a->drv->primary_ctx_release(a->dev);
-  vmm_table_fini(&a->table);
-  pthread_mutex_destroy(&a->lock);
-  free(a);
-  return st;
-}
 
 size_t vmm_arena_granularity(const vmm_arena *a) { return a ? a->granularity : 0; }
 int vmm_arena_device(const vmm_arena *a) { return a ? a->cfg.device : -1; }
@@ -178,8 +22,7 @@ static bool pooling(const vmm_arena *a, const vmm_request *req) {
 }
 
 static bool assembling(const vmm_arena *a, const vmm_request *req) {
-  return vmm_retaining(a) && a->cfg.reuse != VMM_REUSE_NONE &&
-         (req->kind == VMM_KIND_TRANSIENT || a->cfg.package_assembly);
+  return vmm_assembly_mode_for(a, req->kind) == VMM_ASSEMBLE_EXACT;
 }
 
 /* The largest extent the reuse policy hands to a request of `rounded` bytes. */
@@ -235,24 +78,15 @@ static const struct {
     {true, from_idle_padded},   /* padded assembly: idle handles, the last one larger than what is left */
 };
 
-static void become_live(vmm_arena *a, vmm_mapping *m, const vmm_request *req) {
-  if (m->state != VMM_MAP_LIVE) vmm_mapping_set_state(a, m, VMM_MAP_LIVE);
-  m->requested = req->bytes;
-  m->stream = req->stream;
-  m->tag = req->tag;
-  m->scope_id = a->scope == VMM_SCOPE_ACTIVE ? a->scope_id : 0;
-  vmm_tag_account(a, req->tag, m->extent, +1);
-}
-
 static vmm_status alloc_locked(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
-  if (a->deferred_head) vmm_process_deferred(a);
+  vmm_process_deferred(a);
   char refusal[sizeof a->last_error];
   bool refused = false;
   for (size_t i = 0; i < sizeof sources / sizeof sources[0]; i++) {
     if (sources[i].after_refusal && !refused) continue;
     vmm_status st = sources[i].take(a, req, out);
     if (st == VMM_OK) {
-      become_live(a, *out, req);
+      vmm_mapping_hand_out(a, *out, req->bytes, req->stream, req->tag, a->scope == VMM_SCOPE_ACTIVE ? a->scope_id : 0);
       return VMM_OK;
     }
     if (st == NOTHING) continue;
@@ -336,83 +170,67 @@ static vmm_status refuse_pointer(vmm_arena *a, CUdeviceptr p, vmm_mapping *m) {
                   (unsigned long long)p, a->cfg.device, a->table.count);
 }
 
+/* Unmaps a live allocation now, after its stream's work: the stream is synchronized with the
+ * lock released (the record FREEING meanwhile). *freed: it left the live allocations. */
+static vmm_status free_now(vmm_arena *a, vmm_mapping *m, CUstream stream, bool *freed) {
+  vmm_mapping_begin_freeing(a, m);
+  pthread_mutex_unlock(&a->lock);
+  CUresult r = VMM_DRV(a, stream_synchronize, stream);
+  pthread_mutex_lock(&a->lock);
+  vmm_mapping_end_freeing(a, m);
+  if (r != CUDA_SUCCESS)
+    return vmm_fail_driver(a, r, VMM_DRV_stream_synchronize, "synchronizing stream %p before freeing 0x%llx",
+                           (void *)stream, (unsigned long long)m->base);
+  if (vmm_scope_aborted(a, m->scope_id)) { /* aborted while the stream synchronized, unlocked */
+    vmm_mapping_abandon(a, m);
+    *freed = true;
+    return VMM_OK;
+  }
+  /* A failed unmap leaves the allocation live (*freed false): a later free retries. */
+  return vmm_mapping_retire(a, m, vmm_retaining(a), "free", freed);
+}
+
+/* Frees a live allocation: abandoned with its aborted scope, pooled inside a scope, deferred
+ * while its stream captures, or unmapped now. */
+static vmm_status free_live(vmm_arena *a, vmm_mapping *m, CUstream stream, bool *freed) {
+  vmm_process_deferred(a);
+  *freed = true;
+  if (vmm_scope_aborted(a, m->scope_id)) {
+    vmm_mapping_abandon(a, m);
+    return VMM_OK;
+  }
+  /* where no bucket can be allocated, the mapping is freed the plain way (handles kept idle) */
+  if (vmm_retaining(a) && m->kind == VMM_KIND_TRANSIENT && vmm_mapping_pool(a, m, stream) == 0) return VMM_OK;
+  if (vmm_stream_capturing(a, stream)) {
+    vmm_deferred_push(a, m, stream);
+    return VMM_OK;
+  }
+  *freed = false;
+  return free_now(a, m, stream, freed);
+}
+
 vmm_status vmm_arena_free(vmm_arena *a, void *ptr, CUstream stream) {
   if (!a) return VMM_ERR_INVALID_ARGUMENT;
   CUdeviceptr base = (CUdeviceptr)(uintptr_t)ptr;
   pthread_mutex_lock(&a->lock);
-  vmm_status st = VMM_OK;
+  vmm_status st;
   vmm_mapping *m = vmm_table_find(&a->table, base);
-  size_t extent = 0;
-  int kind = -1;
-  uint32_t tag = 0;
+  bool live = m && m->state == VMM_MAP_LIVE, paused = m && m->state == VMM_MAP_PAUSED, freed = false;
+  size_t extent = live || paused ? m->extent : 0;
+  int kind = live || paused ? (int)m->kind : -1;
+  uint32_t tag = live || paused ? m->tag : 0;
   if (!ptr) {
     st = vmm_fail(a, VMM_ERR_UNKNOWN_POINTER, "free(NULL): not an allocation");
-    goto done;
-  }
-  if (m && m->state == VMM_MAP_PAUSED) {
-    extent = m->extent;
-    kind = (int)m->kind;
-    tag = m->tag;
-    if ((st = vmm_paused_free(a, m)) == VMM_OK) a->frees++;
-    goto done;
-  }
-  if (!m || m->state != VMM_MAP_LIVE) {
+  } else if (paused) {
+    st = vmm_mapping_free_paused(a, m, vmm_retaining(a));
+    freed = st == VMM_OK;
+  } else if (!live) {
     st = refuse_pointer(a, base, m);
-    goto done;
+  } else {
+    st = free_live(a, m, stream, &freed);
+    if (freed) vmm_tag_account(a, tag, extent, -1);
   }
-  extent = m->extent;
-  kind = (int)m->kind;
-  tag = m->tag;
-  if (a->deferred_head) vmm_process_deferred(a);
-  if (vmm_scope_aborted(a, m->scope_id)) {
-    vmm_abandon(a, m);
-    goto freed;
-  }
-  if (vmm_retaining(a) && m->kind == VMM_KIND_TRANSIENT) {
-    m->stream = stream;
-    m->free_epoch = a->epoch;
-    if (vmm_pool_push(&a->store.pool, m) == 0) {
-      vmm_mapping_set_state(a, m, VMM_MAP_POOLED);
-      goto freed;
-    }
-    /* no memory for a bucket: free it the plain way (unmapped, its handles kept idle) */
-  }
-  if (vmm_stream_capturing(a, stream)) {
-    m->state = VMM_MAP_DEFERRED;
-    m->stream = stream;
-    m->pool_next = a->deferred_head;
-    a->deferred_head = m;
-    a->deferred_frees++;
-    goto freed;
-  }
-  m->state = VMM_MAP_FREEING;
-  pthread_mutex_unlock(&a->lock);
-  CUresult r = VMM_DRV(a, stream_synchronize, stream);
-  pthread_mutex_lock(&a->lock);
-  m->state = VMM_MAP_LIVE;
-  if (r != CUDA_SUCCESS) {
-    st = vmm_fail_driver(a, r, VMM_DRV_stream_synchronize, "synchronizing stream %p before freeing 0x%llx", (void *)stream,
-                         (unsigned long long)base);
-    goto done;
-  }
-  if (vmm_scope_aborted(a, m->scope_id)) { /* aborted while the stream synchronized, unlocked */
-    vmm_abandon(a, m);
-    goto freed;
-  }
-  vmm_tag_account(a, tag, extent, -1);
-  a->frees++;
-  bool unmapped;
-  st = vmm_mapping_retire(a, m, vmm_retaining(a), "free", &unmapped);
-  if (!unmapped) {
-    /* The unmap failed: the allocation stays live; a later free retries. */
-    vmm_tag_account(a, tag, extent, +1);
-    a->frees--;
-  }
-  goto done;
-freed:
-  vmm_tag_account(a, tag, extent, -1);
-  a->frees++;
-done:
+  if (freed) a->frees++;
   vmm_trace_arena_op(a, VMM_TRACE_FREE, kind, 0, extent, base, stream, tag, st);
   vmm_ctx_leave(a);
   pthread_mutex_unlock(&a->lock);
@@ -423,7 +241,7 @@ vmm_status vmm_arena_quiesce(vmm_arena *a) {
   if (!a) return VMM_ERR_INVALID_ARGUMENT;
   pthread_mutex_lock(&a->lock);
   vmm_status st = VMM_OK;
-  if (a->deferred_head) vmm_process_deferred(a);
+  vmm_process_deferred(a);
   CUresult r = VMM_DRV(a, ctx_synchronize);
   if (r != CUDA_SUCCESS) st = vmm_fail_driver(a, r, VMM_DRV_ctx_synchronize, "synchronizing device %d to quiesce", a->cfg.device);
   else a->epoch++;
@@ -437,22 +255,22 @@ vmm_status vmm_arena_quiesce(vmm_arena *a) {
 void vmm_arena_destroy(vmm_arena *a) {
   if (!a) return;
   pthread_mutex_lock(&a->lock);
+  a->destroying = true; /* failures are logged, and nothing is kept for a retry */
   (void)VMM_DRV(a, ctx_synchronize);
   vmm_mapping *m;
-  vmm_table_foreach(&a->table, i, m) vmm_mapping_destroy_record(a, m);
-  vmm_store_destroy(a);
-  for (size_t i = 0; i < a->stuck_count; i++) {
-    CUresult r = VMM_DRV(a, mem_unmap, a->stuck[i].base, a->stuck[i].size);
-    if (r != CUDA_SUCCESS)
-      vmm_log(1, a->cfg.log_level, "vmmarena: destroy: cuMemUnmap(0x%llx, %zu) failed again: %s",
-              (unsigned long long)a->stuck[i].base, a->stuck[i].size, vmm_cu_error_name(a->drv, r));
+  vmm_table_foreach(&a->table, i, m) vmm_mapping_destroy(a, m);
+  vmm_handle *h;
+  while ((h = vmm_idle_largest(a)) != NULL) {
+    vmm_idle_remove(a, h);
+    (void)vmm_handle_release(a, h);
   }
-  free(a->stuck);
+  while ((h = vmm_abandoned_pop(a)) != NULL) (void)vmm_handle_release(a, h);
+  vmm_pool_fini(&a->store.pool);
   vmm_table_fini(&a->table);
   vmm_ranges_fini(a);
   if (a->order_event) (void)VMM_DRV(a, event_destroy, a->order_event);
+  if (a->ctx) (void)VMM_DRV(a, primary_ctx_release, a->dev);
   vmm_ctx_leave(a);
-  if (a->ctx) a->drv->primary_ctx_release(a->dev);
   vmm_trace_close(a->trace);
   free(a->aborted_scopes);
   free(a->tag_bytes);

@@ -2,11 +2,9 @@
  * memory created only for what the idle handles do not cover. Inside a scope new memory is cut
  * into handles of at most the arena's bound, so that once freed it can serve any later request.
  *
- * The plan is made first and touches nothing but the store's indexes. Then each step that can
- * fail is undone exactly when a later one fails:
- *   1. admission of the new bytes           4. creating the new handles
- *   2. record, table slot and VA range      5. unmapping the pooled mappings taken apart
- *   3. waiting for their freeing streams    6. mapping everything and granting access */
+ * The plan is made first and touches nothing but the store's indexes. Then the steps run in
+ * the order of the table `steps` below; when one fails, those before it are undone, last
+ * first, so that the arena is exactly as it was. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,83 +20,10 @@ typedef struct plan {
   size_t fresh;           /* bytes to create */
 } plan;
 
-/* ---- Mapping handles ----------------------------------------------------------------- */
-
-/* Records a handle whose undo unmap failed: it stays mapped, so its VA must not be handed out
- * again; destroy unmaps it. */
-static void keep_stuck(vmm_arena *a, CUdeviceptr base, size_t size) {
-  if (a->stuck_count == a->stuck_cap) {
-    size_t cap = a->stuck_cap ? a->stuck_cap * 2 : 8;
-    vmm_reservation *grown = realloc(a->stuck, cap * sizeof *grown);
-    if (!grown) {
-      vmm_log(1, a->cfg.log_level, "vmmarena: host out of memory; mapping 0x%llx+%zu stays mapped until the process ends",
-              (unsigned long long)base, size);
-      return;
-    }
-    a->stuck = grown;
-    a->stuck_cap = cap;
-  }
-  a->stuck[a->stuck_count++] = (vmm_reservation){base, size};
-  a->stuck_bytes += size;
-}
-
-size_t vmm_stuck_bytes_in(const vmm_arena *a, CUdeviceptr base, size_t extent) {
-  size_t n = 0;
-  for (size_t k = 0; k < a->stuck_count; k++)
-    if (a->stuck[k].base >= base && a->stuck[k].base < base + extent) n += a->stuck[k].size;
-  return n;
-}
-
-vmm_status vmm_unstick(vmm_arena *a, CUdeviceptr base, size_t extent) {
-  for (size_t k = 0; k < a->stuck_count;) {
-    vmm_reservation s = a->stuck[k];
-    if (s.base < base || s.base >= base + extent) {
-      k++;
-      continue;
-    }
-    CUresult r = VMM_DRV(a, mem_unmap, s.base, s.size);
-    if (r != CUDA_SUCCESS)
-      return vmm_fail_driver(a, r, VMM_DRV_mem_unmap, "unmapping 0x%llx+%zu, left mapped by an earlier failure",
-                             (unsigned long long)s.base, s.size);
-    a->stuck[k] = a->stuck[--a->stuck_count];
-    a->stuck_bytes -= s.size;
-  }
-  return VMM_OK;
-}
-
-void vmm_free_range_unless_stuck(vmm_arena *a, CUdeviceptr base, size_t extent, uint32_t reservation,
-                                 size_t first_stuck) {
-  CUdeviceptr at = base, end = base + extent;
-  for (size_t k = first_stuck; k < a->stuck_count; k++) {
-    if (a->stuck[k].base > at) vmm_ranges_free(a, at, a->stuck[k].base - at, reservation);
-    at = a->stuck[k].base + a->stuck[k].size;
-  }
-  if (at < end) vmm_ranges_free(a, at, end - at, reservation);
-}
-
-CUresult vmm_map_handles(vmm_arena *a, CUdeviceptr base, vmm_handle *const *h, uint32_t n, size_t extent,
-                         vmm_driver_entry *failed) {
-  size_t off = 0;
-  CUresult r = CUDA_SUCCESS;
-  uint32_t i;
-  for (i = 0; i < n; i++) {
-    r = VMM_DRV(a, mem_map, base + off, h[i]->size, 0, h[i]->h, 0);
-    if (r != CUDA_SUCCESS) {
-      *failed = VMM_DRV_mem_map;
-      break;
-    }
-    off += h[i]->size;
-  }
-  if (r == CUDA_SUCCESS) {
-    r = VMM_DRV(a, mem_set_access, base, extent, a->access, a->access_count);
-    if (r == CUDA_SUCCESS) return r;
-    *failed = VMM_DRV_mem_set_access;
-  }
-  /* Undo the handles mapped so far, one by one (each is a whole mapping). */
-  off = 0;
-  for (uint32_t j = 0; j < i; off += h[j]->size, j++)
-    if (VMM_DRV(a, mem_unmap, base + off, h[j]->size) != CUDA_SUCCESS) keep_stuck(a, base + off, h[j]->size);
-  return r;
+vmm_assembly_mode vmm_assembly_mode_for(const vmm_arena *a, vmm_kind kind) {
+  bool assembles = vmm_retaining(a) && a->cfg.reuse != VMM_REUSE_NONE &&
+                   (kind == VMM_KIND_TRANSIENT || a->cfg.package_assembly);
+  return assembles ? VMM_ASSEMBLE_EXACT : VMM_ASSEMBLE_NEW;
 }
 
 /* ---- The plan ------------------------------------------------------------------------ */
@@ -205,20 +130,13 @@ static void restore_apart(vmm_arena *a, vmm_mapping **apart, size_t n) {
     vmm_mapping *m = apart[i];
     m->chosen = false;
     vmm_driver_entry failed;
-    size_t first_stuck = a->stuck_count;
+    size_t first_stuck = a->ranges.stuck_count;
     if (vmm_map_handles(a, m->base, m->handles, m->handle_count, m->extent, &failed) == CUDA_SUCCESS) {
       vmm_add_mapped(a, m->extent);
       vmm_pool_push(&a->store.pool, m); /* cannot fail: its bucket is on the spare list or in the tree */
       continue;
     }
-    vmm_stat_add(a, m->kind, m->state, m->extent, -1);
-    vmm_table_remove(&a->table, m->base);
-    vmm_free_range_unless_stuck(a, m->base, m->extent, m->reservation, first_stuck);
-    for (uint32_t j = 0; j < m->handle_count; j++) {
-      m->handles[j]->kind = m->kind;
-      vmm_idle_put(a, m->handles[j]);
-    }
-    vmm_mapping_free(m);
+    vmm_mapping_dispose(a, m, true, first_stuck);
   }
 }
 
@@ -241,11 +159,8 @@ static vmm_status create_handles(vmm_arena *a, const vmm_request *req, vmm_handl
     if (st != VMM_OK) return st;
   }
   for (uint32_t i = 0; i < n; i++) {
-    CUresult r = VMM_DRV(a, mem_create, &h[i]->h, h[i]->size, &a->prop, 0);
-    if (r == CUDA_SUCCESS) {
-      vmm_add_physical(a, h[i]->size);
-      continue;
-    }
+    CUresult r = vmm_handle_create(a, h[i]);
+    if (r == CUDA_SUCCESS) continue;
     release_created(a, h, i);
     if (r == CUDA_ERROR_OUT_OF_MEMORY) return vmm_refuse_driver_oom(a, req->bytes, req->rounded, req->kind);
     char b[2][32];
@@ -288,139 +203,178 @@ static void commit_apart(vmm_arena *a, plan *p) {
     vmm_mapping *m = p->apart[i];
     for (uint32_t j = 0; j < m->handle_count; j++)
       if (m->handles[j]->taken) m->handles[j] = NULL;
-    vmm_mapping_dispose(a, m, true);
+    vmm_mapping_dispose(a, m, true, VMM_NO_STUCK);
     a->pooled_taken_apart++;
   }
 }
 
-/* Gives m the handles in slots (a heap array of n, kept when n > 1). */
-static void attach_handles(vmm_mapping *m, vmm_handle **slots, uint32_t n) {
-  if (m->handles != &m->first) free(m->handles);
-  if (n == 1) {
-    m->first = slots[0];
-    m->handles = &m->first;
-    free(slots);
-  } else {
-    m->handles = slots;
+/* ---- The steps ----------------------------------------------------------------------- */
+
+typedef struct assembly {
+  const vmm_request *req;
+  vmm_assembly_mode mode;
+  vmm_mapping *into, *m; /* into: a paused allocation mapped back; m: the mapping built */
+  plan p;
+  vmm_handle **slots;    /* idle handles, then n_new new ones: the handles of the mapping */
+  uint32_t n_new;
+  size_t extent;
+  size_t first_stuck;    /* stuck pieces from here on are the failed map's own */
+} assembly;
+
+static vmm_status plan_step(vmm_arena *a, assembly *x) {
+  if (x->mode == VMM_ASSEMBLE_NEW) {
+    x->p.fresh = x->req->rounded;
+    return VMM_OK;
   }
-  m->handle_count = n;
-  for (uint32_t i = 0; i < n; i++) {
-    m->handles[i]->taken = false;
-    m->handles[i]->node.k2 = 0; /* a fresh store position when it is idle again */
+  x->p.use = malloc((a->store.unmapped_count + a->store.pool.handles + 1) * sizeof *x->p.use);
+  x->p.apart = malloc((a->store.pool.count + 1) * sizeof *x->p.apart);
+  if (!x->p.use || !x->p.apart) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for an assembly");
+  plan_idle(a, &x->p, x->req->rounded, x->mode == VMM_ASSEMBLE_PADDED);
+  count_plan(a, &x->p, +1);
+  return VMM_OK;
+}
+
+static void plan_step_undo(vmm_arena *a, assembly *x) {
+  if (x->mode == VMM_ASSEMBLE_NEW) return;
+  count_plan(a, &x->p, -1);
+  plan_undo(a, &x->p);
+}
+
+/* A padded assembly uses idle handles only, and at least one. */
+static vmm_status padded_step(vmm_arena *a, assembly *x) {
+  if (x->mode != VMM_ASSEMBLE_PADDED || (!x->p.fresh && x->p.n_idle)) return VMM_OK;
+  char b[2][32];
+  return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "idle handles cover %s of %s", vmm_fmt_bytes(x->p.covered, b[0]),
+                  vmm_fmt_bytes(x->req->rounded, b[1]));
+}
+
+static vmm_status admit_step(vmm_arena *a, assembly *x) {
+  return x->p.fresh ? vmm_admit(a, x->req->bytes, x->req->rounded, x->p.fresh, x->req->kind) : VMM_OK;
+}
+
+static void records_step_undo(vmm_arena *a, assembly *x);
+
+/* The record, its table slot and the handle objects of the new memory (cut to the bound). */
+static vmm_status records_step(vmm_arena *a, assembly *x) {
+  size_t bound = x->mode == VMM_ASSEMBLE_NEW ? SIZE_MAX : vmm_handle_bound(a, x->p.fresh); /* never cut outside a scope */
+  x->n_new = cut_count(x->p.fresh, bound);
+  if (!(x->slots = calloc(x->p.n_idle + x->n_new, sizeof *x->slots)) || (!x->into && !(x->m = vmm_mapping_new())) ||
+      (!x->into && vmm_table_reserve(&a->table))) {
+    records_step_undo(a, x);
+    return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for a mapping record");
+  }
+  vmm_handle **fresh = x->slots + x->p.n_idle;
+  size_t rest = x->p.fresh;
+  for (uint32_t i = 0; i < x->n_new; rest -= fresh[i]->size, i++)
+    if (!(fresh[i] = vmm_handle_new(cut(rest, bound), x->req->kind))) {
+      records_step_undo(a, x);
+      return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for %u handle records", x->n_new);
+    }
+  x->extent = x->p.covered + x->p.fresh;
+  vmm_assert(!x->into || x->extent == x->into->extent);
+  return VMM_OK;
+}
+
+static void records_step_undo(vmm_arena *a, assembly *x) {
+  (void)a;
+  if (x->slots)
+    for (uint32_t i = 0; i < x->n_new; i++) free(x->slots[x->p.n_idle + i]);
+  free(x->slots);
+  x->slots = NULL;
+  if (!x->into) vmm_mapping_free(x->m);
+  x->m = x->into;
+}
+
+static vmm_status range_step(vmm_arena *a, assembly *x) {
+  if (x->into) return VMM_OK;
+  vmm_status st = vmm_ranges_alloc(a, x->extent, &x->m->base, &x->m->reservation);
+  if (st != VMM_OK) {
+    char cause[sizeof a->last_error], b[32]; /* the reservation's message names no request */
+    memcpy(cause, a->last_error, sizeof cause);
+    vmm_fail(a, st, "%s %s (requested %zu B, rounded %zu B): %s", vmm_kind_name(x->req->kind),
+             vmm_fmt_bytes(x->extent, b), x->req->bytes, x->req->rounded, cause);
+  }
+  x->first_stuck = VMM_NO_STUCK;
+  return st;
+}
+
+static void range_step_undo(vmm_arena *a, assembly *x) {
+  if (!x->into) vmm_ranges_free_unless_stuck(a, x->m->base, x->extent, x->m->reservation, x->first_stuck);
+}
+
+static vmm_status create_step(vmm_arena *a, assembly *x) {
+  return create_handles(a, x->req, x->slots + x->p.n_idle, x->n_new, x->p.fresh);
+}
+
+static void create_step_undo(vmm_arena *a, assembly *x) { release_created(a, x->slots + x->p.n_idle, x->n_new); }
+
+static vmm_status apart_step(vmm_arena *a, assembly *x) { return unmap_apart(a, &x->p); }
+
+static void apart_step_undo(vmm_arena *a, assembly *x) {
+  restore_apart(a, x->p.apart, x->p.n_apart);
+  x->p.n_apart = 0;
+}
+
+static vmm_status map_step(vmm_arena *a, assembly *x) {
+  vmm_mapping *m = x->into ? x->into : x->m;
+  if (x->p.n_idle) memcpy(x->slots, x->p.use, x->p.n_idle * sizeof *x->p.use);
+  vmm_driver_entry failed = VMM_DRV_mem_map;
+  x->first_stuck = a->ranges.stuck_count;
+  CUresult r = vmm_map_handles(a, m->base, x->slots, x->p.n_idle + x->n_new, x->extent, &failed);
+  if (r == CUDA_SUCCESS) return VMM_OK;
+  char b[32];
+  return vmm_fail_driver(a, r, failed, "%s %s (requested %zu B, rounded %zu B): mapping %u handles at 0x%llx",
+                         vmm_kind_name(x->req->kind), vmm_fmt_bytes(x->extent, b), x->req->bytes, x->req->rounded,
+                         x->p.n_idle + x->n_new, (unsigned long long)m->base);
+}
+
+/* In order. A step that fails leaves nothing of its own behind; the undo of each step before
+ * it then runs, last first, and reverses that step exactly. */
+static const struct {
+  vmm_status (*run)(vmm_arena *a, assembly *x);
+  void (*undo)(vmm_arena *a, assembly *x);
+} steps[] = {
+    {plan_step, plan_step_undo},       /* idle handles chosen from the store's indexes */
+    {padded_step, NULL},               /* a padded assembly needs no new memory */
+    {admit_step, NULL},                /* the new bytes within the limit and the headroom */
+    {records_step, records_step_undo}, /* record, table slot, handle objects */
+    {range_step, range_step_undo},     /* a fresh VA range (none for a paused allocation) */
+    {create_step, create_step_undo},   /* the new handles */
+    {apart_step, apart_step_undo},     /* pooled mappings taken apart, after their freeing streams */
+    {map_step, NULL},                  /* everything mapped back to back; undoes itself */
+};
+
+/* The assembly succeeded: the store forgets the handles used, the record goes live. */
+static void commit(vmm_arena *a, assembly *x) {
+  vmm_mapping *m = x->into ? x->into : x->m;
+  count_plan(a, &x->p, -1);
+  commit_apart(a, &x->p);
+  vmm_mapping_attach(m, x->slots, x->p.n_idle + x->n_new);
+  vmm_add_mapped(a, x->extent);
+  if (!x->into) vmm_mapping_insert_live(a, m, x->extent, x->req->kind);
+  if (x->p.n_idle) {
+    a->assemblies++;
+    a->assembled_idle_handles += x->p.n_idle;
+    a->assembly_created_bytes += x->p.fresh;
+    if (x->mode == VMM_ASSEMBLE_PADDED) a->padded_assemblies++;
   }
 }
 
 vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode mode, vmm_mapping *into,
                         vmm_mapping **out) {
-  plan p = {0};
+  assembly x = {.req = req, .mode = mode, .into = into, .m = into};
   vmm_status st = VMM_OK;
-  vmm_mapping *m = into;
-  vmm_handle **slots = NULL;
-  uint32_t n_new = 0;
-  if (mode != VMM_ASSEMBLE_NEW) {
-    p.use = malloc((a->store.unmapped_count + a->store.pool.handles + 1) * sizeof *p.use);
-    p.apart = malloc((a->store.pool.count + 1) * sizeof *p.apart);
-    if (!p.use || !p.apart) {
-      free(p.use);
-      free(p.apart);
-      return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for an assembly");
-    }
-    plan_idle(a, &p, req->rounded, mode == VMM_ASSEMBLE_PADDED);
-    count_plan(a, &p, +1);
+  size_t done = 0;
+  for (; done < sizeof steps / sizeof steps[0] && st == VMM_OK; done++) st = steps[done].run(a, &x);
+  if (st == VMM_OK) {
+    commit(a, &x);
+    *out = x.into ? x.into : x.m;
   } else {
-    p.fresh = req->rounded;
+    for (done--; done-- > 0;) /* the failed step undid itself */
+      if (steps[done].undo) steps[done].undo(a, &x);
   }
-  if (mode == VMM_ASSEMBLE_PADDED && (p.fresh || !p.n_idle)) {
-    char b[2][32];
-    st = vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "idle handles cover %s of %s", vmm_fmt_bytes(p.covered, b[0]),
-                  vmm_fmt_bytes(req->rounded, b[1]));
-    goto undo_plan;
-  }
-  /* 1. admission */
-  if (p.fresh && (st = vmm_admit(a, req->bytes, req->rounded, p.fresh, req->kind)) != VMM_OK) goto undo_plan;
-  /* 2. record, handle objects, table slot, range */
-  size_t bound = mode == VMM_ASSEMBLE_NEW ? SIZE_MAX : vmm_handle_bound(a, p.fresh); /* never cut outside a scope */
-  n_new = cut_count(p.fresh, bound);
-  if (!(slots = calloc(p.n_idle + n_new, sizeof *slots)) || (!into && !(m = vmm_mapping_new(0))) ||
-      (!into && vmm_table_reserve(&a->table))) {
-    st = vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for a mapping record");
-    goto undo_record;
-  }
-  vmm_handle **fresh = slots + p.n_idle;
-  size_t rest = p.fresh;
-  for (uint32_t i = 0; i < n_new; rest -= fresh[i]->size, i++) {
-    if (!(fresh[i] = vmm_handle_new(0, cut(rest, bound), req->kind))) {
-      st = vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for %u handle records", n_new);
-      goto undo_record;
-    }
-  }
-  size_t extent = p.covered + p.fresh;
-  vmm_assert(!into || extent == into->extent);
-  if (!into && (st = vmm_ranges_alloc(a, extent, &m->base, &m->reservation)) != VMM_OK) {
-    char cause[sizeof a->last_error], b[32]; /* the reservation's message names no request */
-    memcpy(cause, a->last_error, sizeof cause);
-    vmm_fail(a, st, "%s %s (requested %zu B, rounded %zu B): %s", vmm_kind_name(req->kind), vmm_fmt_bytes(extent, b),
-             req->bytes, req->rounded, cause);
-    goto undo_record;
-  }
-  /* 3-5. streams, new memory, pooled mappings taken apart */
-  if ((st = create_handles(a, req, fresh, n_new, p.fresh)) != VMM_OK) goto undo_range;
-  if ((st = unmap_apart(a, &p)) != VMM_OK) goto undo_created;
-  /* 6. map and grant access */
-  if (p.n_idle) memcpy(slots, p.use, p.n_idle * sizeof *p.use);
-  vmm_driver_entry failed = VMM_DRV_mem_map;
-  size_t first_stuck = a->stuck_count;
-  CUresult r = vmm_map_handles(a, m->base, slots, p.n_idle + n_new, extent, &failed);
-  if (r != CUDA_SUCCESS) {
-    char b[32];
-    st = vmm_fail_driver(a, r, failed, "%s %s (requested %zu B, rounded %zu B): mapping %u handles at 0x%llx",
-                         vmm_kind_name(req->kind), vmm_fmt_bytes(extent, b), req->bytes, req->rounded,
-                         p.n_idle + n_new, (unsigned long long)m->base);
-    restore_apart(a, p.apart, p.n_apart);
-    p.n_apart = 0;
-    if (!into) vmm_free_range_unless_stuck(a, m->base, extent, m->reservation, first_stuck);
-    goto undo_created_only;
-  }
-  /* commit */
-  count_plan(a, &p, -1);
-  commit_apart(a, &p);
-  attach_handles(m, slots, p.n_idle + n_new);
-  vmm_add_mapped(a, extent);
-  if (!into) {
-    m->extent = extent;
-    m->kind = req->kind;
-    m->state = VMM_MAP_LIVE;
-    vmm_stat_add(a, m->kind, m->state, m->extent, +1);
-    vmm_table_insert(&a->table, m);
-  }
-  if (p.n_idle) {
-    a->assemblies++;
-    a->assembled_idle_handles += p.n_idle;
-    a->assembly_created_bytes += p.fresh;
-    if (mode == VMM_ASSEMBLE_PADDED) a->padded_assemblies++;
-  }
-  free(p.use);
-  free(p.apart);
-  *out = m;
-  return VMM_OK;
-
-undo_created:
-  if (!into) vmm_ranges_free(a, m->base, extent, m->reservation);
-undo_created_only:
-  release_created(a, fresh, n_new);
-  goto undo_record;
-undo_range:
-  if (!into) vmm_ranges_free(a, m->base, extent, m->reservation);
-undo_record:
-  if (slots)
-    for (uint32_t i = 0; i < n_new; i++) free(slots[p.n_idle + i]);
-  free(slots);
-  if (!into) vmm_mapping_free(m);
-undo_plan:
-  count_plan(a, &p, -1);
-  plan_undo(a, &p);
-  free(p.use);
-  free(p.apart);
+  free(x.p.use);
+  free(x.p.apart);
   return st;
 }
 

@@ -3,95 +3,104 @@
 
 #include "internal.h"
 
-static int fail(char *why, size_t cap, const char *msg) {
-  if (why && cap) snprintf(why, cap, "%s", msg);
-  return -1;
+typedef struct recount {
+  vmm_kind_stats kind[VMM_KIND_COUNT];
+  uint64_t mapped, physical, paused; /* paused: VA of paused allocations less their stuck pieces */
+  size_t mappings;
+} recount;
+
+/* A mapping's range: aligned, inside its reservation, overlapping no free range. */
+static int check_range(const vmm_arena *a, const vmm_mapping *m, char *why, size_t cap) {
+  if (m->extent == 0 || m->extent % a->granularity || m->base % a->granularity)
+    return snprintf(why, cap, "mapping 0x%llx misaligned", (unsigned long long)m->base), -1;
+  const vmm_reservation *r = &a->ranges.reservations[m->reservation];
+  if (m->reservation >= a->ranges.reservation_count || m->base < r->base || m->base + m->extent > r->base + r->size)
+    return snprintf(why, cap, "mapping 0x%llx outside its reservation", (unsigned long long)m->base), -1;
+  vmm_avl *f = vmm_avl_floor(a->ranges.by_addr, m->base + m->extent - 1, 0);
+  if (f) {
+    const vmm_free_range *fr = vmm_container_of(f, vmm_free_range, by_addr);
+    if (fr->base + fr->size > m->base)
+      return snprintf(why, cap, "mapping 0x%llx overlaps a free range", (unsigned long long)m->base), -1;
+  }
+  return 0;
+}
+
+/* One mapping: its range, its handles, and its bytes added to the recount. */
+static int check_mapping(const vmm_arena *a, const vmm_mapping *m, recount *c, char *why, size_t cap) {
+  if (check_range(a, m, why, cap)) return -1;
+  vmm_kind_stats *ks = &c->kind[m->kind];
+  if (m->state == VMM_MAP_PAUSED && !m->handle_count) {
+    c->paused += m->extent - vmm_ranges_stuck_bytes_in(&a->ranges, m->base, m->extent); /* a failed resume's leftovers */
+    ks->paused_count++, ks->paused_bytes += m->extent;
+    return 0;
+  }
+  if (m->state == VMM_MAP_PAUSED && !m->backup) /* mapped again only to take its backup back */
+    return snprintf(why, cap, "paused mapping 0x%llx holds %u handles but no backup", (unsigned long long)m->base,
+                    m->handle_count),
+           -1;
+  size_t sum = 0;
+  for (uint32_t p = 0; p < m->handle_count; p++) sum += m->handles[p]->size;
+  if (m->handle_count == 0 || sum != m->extent)
+    return snprintf(why, cap, "mapping 0x%llx handles (%u) sum %zu != extent %zu", (unsigned long long)m->base,
+                    m->handle_count, sum, m->extent),
+           -1;
+  c->mapped += m->extent;
+  c->physical += m->extent;
+  switch (m->state) {
+  case VMM_MAP_POOLED: ks->pooled_count++, ks->pooled_bytes += m->extent; break;
+  case VMM_MAP_ABANDONED: ks->abandoned_count++, ks->abandoned_bytes += m->extent; break;
+  case VMM_MAP_PAUSED: ks->paused_count++, ks->paused_bytes += m->extent; break;
+  default: ks->live_count++, ks->live_bytes += m->extent; break;
+  }
+  return 0;
+}
+
+/* The arena's counters against the recount. */
+static int check_totals(const vmm_arena *a, const recount *c, char *why, size_t cap) {
+  if (c->mappings != a->table.count)
+    return snprintf(why, cap, "mapping table counts %zu, holds %zu", a->table.count, c->mappings), -1;
+  if (memcmp(c->kind, a->kind, sizeof c->kind))
+    return snprintf(why, cap,
+                    "per-kind counters differ from a recount (transient live %llu vs %llu, pooled %llu vs %llu)",
+                    (unsigned long long)a->kind[1].live_count, (unsigned long long)c->kind[1].live_count,
+                    (unsigned long long)a->kind[1].pooled_count, (unsigned long long)c->kind[1].pooled_count),
+           -1;
+  if (c->mapped != a->mapped_bytes || c->physical != a->physical_bytes)
+    return snprintf(why, cap, "byte counters differ: mapped %llu vs %llu, physical %llu vs %llu",
+                    (unsigned long long)a->mapped_bytes, (unsigned long long)c->mapped,
+                    (unsigned long long)a->physical_bytes, (unsigned long long)c->physical),
+           -1;
+  const vmm_ranges *r = &a->ranges;
+  if (r->free_bytes + c->mapped + c->paused + r->stuck_bytes != r->reserved_bytes)
+    return snprintf(why, cap, "VA accounting: %zu free + %llu mapped + %llu paused + %zu stuck != %zu reserved",
+                    r->free_bytes, (unsigned long long)c->mapped, (unsigned long long)c->paused, r->stuck_bytes,
+                    r->reserved_bytes),
+           -1;
+  return 0;
+}
+
+static int check_locked(vmm_arena *a, char *why, size_t cap) {
+  recount c;
+  memset(&c, 0, sizeof c);
+  if (vmm_ranges_check(&a->ranges, why, cap)) return -1;
+  vmm_mapping *m;
+  vmm_table_foreach(&a->table, i, m) {
+    c.mappings++;
+    if (check_mapping(a, m, &c, why, cap)) return -1;
+  }
+  if (vmm_store_check(a, c.kind, &c.physical, why, cap)) return -1;
+  return check_totals(a, &c, why, cap);
 }
 
 int vmm_arena_check(vmm_arena *a, char *why, size_t cap) {
   char tmp[256];
-  if (!a) return fail(why, cap, "NULL arena");
+  if (!a) {
+    if (why && cap) snprintf(why, cap, "NULL arena");
+    return -1;
+  }
   pthread_mutex_lock(&a->lock);
-  int rc = -1;
-  vmm_kind_stats k[VMM_KIND_COUNT];
-  memset(k, 0, sizeof k);
-  uint64_t mapped = 0, physical = 0, paused = 0;
-  if (vmm_ranges_check(&a->ranges, tmp, sizeof tmp)) goto out;
-  size_t n = 0;
-  vmm_mapping *m;
-  vmm_table_foreach(&a->table, i, m) {
-    n++;
-    if (m->extent == 0 || m->extent % a->granularity || m->base % a->granularity) {
-      snprintf(tmp, sizeof tmp, "mapping 0x%llx misaligned", (unsigned long long)m->base);
-      goto out;
-    }
-    const vmm_reservation *r = &a->ranges.reservations[m->reservation];
-    if (m->reservation >= a->ranges.reservation_count || m->base < r->base || m->base + m->extent > r->base + r->size) {
-      snprintf(tmp, sizeof tmp, "mapping 0x%llx outside its reservation", (unsigned long long)m->base);
-      goto out;
-    }
-    /* A mapping must not overlap any free range. */
-    vmm_avl *f = vmm_avl_floor(a->ranges.by_addr, m->base + m->extent - 1, 0);
-    if (f) {
-      const vmm_free_range *fr = vmm_container_of(f, vmm_free_range, by_addr);
-      if (fr->base + fr->size > m->base) {
-        snprintf(tmp, sizeof tmp, "mapping 0x%llx overlaps a free range", (unsigned long long)m->base);
-        goto out;
-      }
-    }
-    if (m->state == VMM_MAP_PAUSED && !m->handle_count) {
-      paused += m->extent - vmm_stuck_bytes_in(a, m->base, m->extent); /* a failed resume's leftovers */
-      k[m->kind].paused_count++, k[m->kind].paused_bytes += m->extent;
-      continue;
-    }
-    if (m->state == VMM_MAP_PAUSED && !m->backup) { /* mapped again only to take its backup back */
-      snprintf(tmp, sizeof tmp, "paused mapping 0x%llx holds %u handles but no backup", (unsigned long long)m->base,
-               m->handle_count);
-      goto out;
-    }
-    size_t sum = 0;
-    for (uint32_t p = 0; p < m->handle_count; p++) sum += m->handles[p]->size;
-    if (m->handle_count == 0 || sum != m->extent) {
-      snprintf(tmp, sizeof tmp, "mapping 0x%llx handles (%u) sum %zu != extent %zu", (unsigned long long)m->base,
-               m->handle_count, sum, m->extent);
-      goto out;
-    }
-    mapped += m->extent;
-    physical += m->extent;
-    vmm_kind_stats *ks = &k[m->kind];
-    switch (m->state) {
-    case VMM_MAP_POOLED: ks->pooled_count++, ks->pooled_bytes += m->extent; break;
-    case VMM_MAP_ABANDONED: ks->abandoned_count++, ks->abandoned_bytes += m->extent; break;
-    case VMM_MAP_PAUSED: ks->paused_count++, ks->paused_bytes += m->extent; break;
-    default: ks->live_count++, ks->live_bytes += m->extent; break;
-    }
-  }
-  if (n != a->table.count) {
-    snprintf(tmp, sizeof tmp, "mapping table counts %zu, holds %zu", a->table.count, n);
-    goto out;
-  }
-  if (vmm_store_check(a, k, &physical, tmp, sizeof tmp)) goto out;
-  if (memcmp(k, a->kind, sizeof k)) {
-    snprintf(tmp, sizeof tmp, "per-kind counters differ from a recount (transient live %llu vs %llu, pooled %llu vs %llu)",
-             (unsigned long long)a->kind[1].live_count, (unsigned long long)k[1].live_count,
-             (unsigned long long)a->kind[1].pooled_count, (unsigned long long)k[1].pooled_count);
-    goto out;
-  }
-  if (mapped != a->mapped_bytes || physical != a->physical_bytes) {
-    snprintf(tmp, sizeof tmp, "byte counters differ: mapped %llu vs %llu, physical %llu vs %llu",
-             (unsigned long long)a->mapped_bytes, (unsigned long long)mapped, (unsigned long long)a->physical_bytes,
-             (unsigned long long)physical);
-    goto out;
-  }
-  if (a->ranges.free_bytes + mapped + paused + a->stuck_bytes != a->ranges.reserved_bytes) {
-    snprintf(tmp, sizeof tmp, "VA accounting: %zu free + %llu mapped + %llu paused + %zu stuck != %zu reserved",
-             a->ranges.free_bytes, (unsigned long long)mapped, (unsigned long long)paused, a->stuck_bytes,
-             a->ranges.reserved_bytes);
-    goto out;
-  }
-  rc = 0;
-out:
+  int rc = check_locked(a, tmp, sizeof tmp);
   pthread_mutex_unlock(&a->lock);
-  if (rc) fail(why, cap, tmp);
+  if (rc && why && cap) snprintf(why, cap, "%s", tmp);
   return rc;
 }

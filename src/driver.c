@@ -35,18 +35,13 @@ static __thread vmm_arena *ctx_pushed_for;
 
 void vmm_ctx_enter(vmm_arena *a) {
   if (ctx_pushed_for == a || !a->ctx) return;
-  uint64_t t0 = vmm_now_ns();
-  CUresult r = a->drv->ctx_push_current(a->ctx);
-  vmm_drv_account(a, VMM_DRV_ctx_push_current, r, t0);
-  if (r == CUDA_SUCCESS) ctx_pushed_for = a;
+  if (VMM_DRV_COUNTED(a, ctx_push_current, a->ctx) == CUDA_SUCCESS) ctx_pushed_for = a;
 }
 
 void vmm_ctx_leave(vmm_arena *a) {
   if (ctx_pushed_for != a) return;
   CUcontext popped;
-  uint64_t t0 = vmm_now_ns();
-  CUresult r = a->drv->ctx_pop_current(&popped);
-  vmm_drv_account(a, VMM_DRV_ctx_pop_current, r, t0);
+  (void)VMM_DRV_COUNTED(a, ctx_pop_current, &popped);
   ctx_pushed_for = NULL;
 }
 

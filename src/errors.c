@@ -66,9 +66,9 @@ vmm_status vmm_fail(vmm_arena *a, vmm_status s, const char *fmt, ...) {
   return s;
 }
 
-const char *vmm_cu_error_name(const struct vmm_driver *drv, CUresult r) {
+const char *vmm_cu_error_name(vmm_arena *a, CUresult r) {
   const char *name = NULL;
-  if (drv && drv->get_error_name && drv->get_error_name(r, &name) == CUDA_SUCCESS && name) return name;
+  if (a->drv->get_error_name && VMM_DRV_COUNTED(a, get_error_name, r, &name) == CUDA_SUCCESS && name) return name;
   return "CUDA_ERROR_UNRECOGNIZED";
 }
 
@@ -81,7 +81,7 @@ vmm_status vmm_fail_driver(vmm_arena *a, CUresult r, vmm_driver_entry e, const c
   char holds[200];
   vmm_describe_holdings(a, holds, sizeof holds);
   vmm_status s = r == CUDA_ERROR_OUT_OF_MEMORY ? VMM_ERR_OUT_OF_MEMORY : VMM_ERR_DRIVER;
-  vmm_fail(a, s, "%s: %s returned %s (%d); %s", what, vmm_driver_entry_name(e), vmm_cu_error_name(a->drv, r), (int)r,
+  vmm_fail(a, s, "%s: %s returned %s (%d); %s", what, vmm_driver_entry_name(e), vmm_cu_error_name(a, r), (int)r,
            holds);
   if (s == VMM_ERR_DRIVER && a->fatal_status == VMM_OK) {
     a->fatal_status = s;

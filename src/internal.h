@@ -63,6 +63,8 @@ typedef struct vmm_ranges {
   vmm_avl *by_addr, *by_size;
   size_t free_bytes, reserved_bytes;
   size_t free_range_count;
+  vmm_reservation *stuck;  /* handles a failed undo left mapped: VA kept out of the free list, unmapped at destroy */
+  size_t stuck_count, stuck_cap, stuck_bytes;
 } vmm_ranges;
 
 /* ---- Handles and mappings (mapping.c) ------------------------------------------------ */
@@ -109,29 +111,69 @@ typedef struct vmm_mapping {
   void *backup;           /* host copy of a paused allocation's contents (VMM_PAUSE_BACKUP) */
 } vmm_mapping;
 
-/* A record able to hold `handles` handle pointers (none attached yet), or NULL. */
-VMM_INTERNAL vmm_mapping *vmm_mapping_new(uint32_t handles);
-/* Frees the record, not its handles. */
+/* ---- Handles (handle.c) --------------------------------------------------------------- */
+
+/* A handle object of `size` bytes (no physical memory yet), or NULL. */
+VMM_INTERNAL vmm_handle *vmm_handle_new(size_t size, vmm_kind kind);
+/* Creates h's physical memory (cuMemCreate) and counts it. */
+VMM_INTERNAL CUresult vmm_handle_create(vmm_arena *a, vmm_handle *h);
+/* The one release (cuMemRelease): frees h. A failure keeps h idle (finish or destroy tries
+ * again) and is recorded; during destroy it is logged and h forgotten. */
+VMM_INTERNAL vmm_status vmm_handle_release(vmm_arena *a, vmm_handle *h);
+
+/* ---- Mapping records (mapping.c) -------------------------------------------------------- */
+
+#define VMM_NO_STUCK SIZE_MAX /* first_stuck when no map call failed: the whole range is free */
+
+/* An empty record (no handles), or NULL. */
+VMM_INTERNAL vmm_mapping *vmm_mapping_new(void);
+/* Frees the record and its backup, not its handles. */
 VMM_INTERNAL void vmm_mapping_free(vmm_mapping *m);
-VMM_INTERNAL vmm_handle *vmm_handle_new(CUmemGenericAllocationHandle h, size_t size, vmm_kind kind);
 /* qsort order of mapping record pointers: ascending base address. */
 VMM_INTERNAL int vmm_mapping_by_base(const void *x, const void *y);
-/* Moves m to state s, keeping the per-kind counters. */
-VMM_INTERNAL void vmm_mapping_set_state(vmm_arena *a, vmm_mapping *m, vmm_mapping_state s);
+/* Maps handles back to back at base and grants access; undoes itself on failure (a handle
+ * whose undo unmap fails is kept stuck). *failed names the entry point that failed. */
+VMM_INTERNAL CUresult vmm_map_handles(vmm_arena *a, CUdeviceptr base, vmm_handle *const *h, uint32_t n, size_t extent,
+                                      vmm_driver_entry *failed);
+/* Gives m the handles in slots (a heap array of n, kept when n > 1, freed when n == 1). */
+VMM_INTERNAL void vmm_mapping_attach(vmm_mapping *m, vmm_handle **slots, uint32_t n);
+
+/* State transitions: the only functions that set m->state. */
+/* A new record, mapped: into the table, LIVE. */
+VMM_INTERNAL void vmm_mapping_insert_live(vmm_arena *a, vmm_mapping *m, size_t extent, vmm_kind kind);
+/* LIVE (new) or POOLED (a hit) -> LIVE, handed to a request. */
+VMM_INTERNAL void vmm_mapping_hand_out(vmm_arena *a, vmm_mapping *m, size_t requested, CUstream stream, uint32_t tag,
+                                       uint64_t scope_id);
+/* LIVE -> POOLED, freed on `stream` at the current quiesce epoch. -1 (nothing changed) when
+ * no bucket could be allocated. */
+VMM_INTERNAL int vmm_mapping_pool(vmm_arena *a, vmm_mapping *m, CUstream stream);
+/* LIVE -> DEFERRED (freed on a capturing stream; see vmm_deferred_push). */
+VMM_INTERNAL void vmm_mapping_defer(vmm_arena *a, vmm_mapping *m, CUstream stream);
+/* LIVE -> FREEING while a free synchronizes its stream unlocked, and back. */
+VMM_INTERNAL void vmm_mapping_begin_freeing(vmm_arena *a, vmm_mapping *m);
+VMM_INTERNAL void vmm_mapping_end_freeing(vmm_arena *a, vmm_mapping *m);
+/* LIVE, POOLED or DEFERRED -> ABANDONED: no driver call until destroy. */
+VMM_INTERNAL void vmm_mapping_abandon(vmm_arena *a, vmm_mapping *m);
+/* LIVE -> PAUSED (already unmapped), keeping `backup` (or NULL); its bytes move to paused. */
+VMM_INTERNAL void vmm_mapping_pause(vmm_arena *a, vmm_mapping *m, void *backup);
+/* PAUSED (mapped again, contents back) -> LIVE; the backup is freed. */
+VMM_INTERNAL void vmm_mapping_resume(vmm_arena *a, vmm_mapping *m);
+
 /* Unmaps m whole. Record before unmap: on failure nothing changes and the error is recorded. */
 VMM_INTERNAL vmm_status vmm_mapping_unmap(vmm_arena *a, vmm_mapping *m, const char *what);
 /* After the unmap: each handle still attached to m (non-NULL) is kept idle (retain) or
  * released, and m holds none. Returns the first release error (that handle stays idle). */
 VMM_INTERNAL vmm_status vmm_mapping_drop_handles(vmm_arena *a, vmm_mapping *m, bool retain);
-/* After the unmap: m leaves the counters, the table and its range; its handles go as
- * vmm_mapping_drop_handles says; the record is freed. */
-VMM_INTERNAL vmm_status vmm_mapping_dispose(vmm_arena *a, vmm_mapping *m, bool retain);
+/* After the unmap: m leaves the counters, the table and its range (less the stuck pieces of
+ * a failed map from index first_stuck on); its handles go as vmm_mapping_drop_handles says;
+ * the record is freed. */
+VMM_INTERNAL vmm_status vmm_mapping_dispose(vmm_arena *a, vmm_mapping *m, bool retain, size_t first_stuck);
 /* The one retire: unmap, then dispose. *unmapped says whether the unmap happened. */
 VMM_INTERNAL vmm_status vmm_mapping_retire(vmm_arena *a, vmm_mapping *m, bool retain, const char *what, bool *unmapped);
-/* Releases h now; a failure keeps it idle (released by finish or destroy) and is recorded. */
-VMM_INTERNAL vmm_status vmm_handle_release(vmm_arena *a, vmm_handle *h);
+/* Frees a paused allocation: no driver call where it holds no memory; its range returns. */
+VMM_INTERNAL vmm_status vmm_mapping_free_paused(vmm_arena *a, vmm_mapping *m, bool retain);
 /* Unmaps and releases everything of m, logging failures (destroy only). */
-VMM_INTERNAL void vmm_mapping_destroy_record(vmm_arena *a, vmm_mapping *m);
+VMM_INTERNAL void vmm_mapping_destroy(vmm_arena *a, vmm_mapping *m);
 
 /* Open-addressing hash of mapping records by base address (mapping_table.c). */
 typedef struct vmm_mapping_table {
@@ -209,8 +251,8 @@ VMM_INTERNAL vmm_handle *vmm_idle_take_at_least(vmm_arena *a, size_t least);
 VMM_INTERNAL vmm_handle *vmm_idle_largest(const vmm_arena *a);
 /* Moves every unmapped idle handle to the abandoned list (abort: no driver call). */
 VMM_INTERNAL void vmm_idle_abandon_all(vmm_arena *a);
-/* Releases idle and abandoned handles, logging failures (destroy only). */
-VMM_INTERNAL void vmm_store_destroy(vmm_arena *a);
+/* Takes the next abandoned handle off the list (destroy), or NULL. */
+VMM_INTERNAL vmm_handle *vmm_abandoned_pop(vmm_arena *a);
 /* Checks both tiers and the abandoned list; adds their bytes to the recount. */
 VMM_INTERNAL int vmm_store_check(const vmm_arena *a, vmm_kind_stats *k, uint64_t *physical, char *why, size_t cap);
 
@@ -234,9 +276,8 @@ struct vmm_arena {
   vmm_ranges ranges;
   vmm_mapping_table table;
   vmm_store store;
-  vmm_mapping *deferred_head;  /* frees waiting for a capture to end */
-  vmm_reservation *stuck;      /* handles a failed undo left mapped: VA kept out of the free list, unmapped at destroy */
-  size_t stuck_count, stuck_cap, stuck_bytes;
+  vmm_mapping *deferred_head;  /* frees waiting for a capture to end (stream_order.c) */
+  bool destroying;             /* vmm_arena_destroy is running: failures are logged, not kept */
 
   vmm_scope_state scope;
   uint64_t scope_id, next_scope_id;
@@ -289,23 +330,43 @@ VMM_INTERNAL void vmm_ctx_enter(vmm_arena *a);
 /* Pops the context if this public call pushed it. */
 VMM_INTERNAL void vmm_ctx_leave(vmm_arena *a);
 
-/* Calls a driver entry point through the arena's table, timed and counted. */
-#define VMM_DRV(a, field, ...)                                          \
+/* The counting wrapper: calls a driver entry point through the arena's table, timed and
+ * counted. Every driver call goes through it (VMM_DRV adds the arena's context). */
+#define VMM_DRV_COUNTED(a, field, ...)                                  \
   __extension__({                                                       \
-    vmm_ctx_enter(a);                                                   \
     uint64_t vmm_t0_ = vmm_now_ns();                                    \
     CUresult vmm_r_ = (a)->drv->field(__VA_ARGS__);                     \
     vmm_drv_account((a), VMM_DRV_##field, vmm_r_, vmm_t0_);             \
     vmm_r_;                                                             \
   })
 
-VMM_INTERNAL const char *vmm_cu_error_name(const struct vmm_driver *drv, CUresult r);
+/* A driver call with the arena's context current on this thread. */
+#define VMM_DRV(a, field, ...)                                          \
+  __extension__({                                                       \
+    vmm_ctx_enter(a);                                                   \
+    VMM_DRV_COUNTED(a, field, __VA_ARGS__);                             \
+  })
+
+/* The driver's name of r ("CUDA_ERROR_OUT_OF_MEMORY"), or "CUDA_ERROR_UNRECOGNIZED". */
+VMM_INTERNAL const char *vmm_cu_error_name(vmm_arena *a, CUresult r);
 
 /* ---- Ranges (ranges.c) --------------------------------------------------------------- */
 VMM_INTERNAL vmm_status vmm_ranges_alloc(vmm_arena *a, size_t size, CUdeviceptr *base, uint32_t *reservation);
 VMM_INTERNAL void vmm_ranges_free(vmm_arena *a, CUdeviceptr base, size_t size, uint32_t reservation);
+/* Unmaps the stuck pieces, then frees the reservations (destroy). */
 VMM_INTERNAL void vmm_ranges_fini(vmm_arena *a);
 VMM_INTERNAL int vmm_ranges_check(const vmm_ranges *r, char *why, size_t cap);
+/* Records a handle whose undo unmap failed: it stays mapped, so its VA is not handed out
+ * again; destroy unmaps it. */
+VMM_INTERNAL void vmm_ranges_keep_stuck(vmm_arena *a, CUdeviceptr base, size_t size);
+/* Bytes of stuck pieces inside [base, base + extent). */
+VMM_INTERNAL size_t vmm_ranges_stuck_bytes_in(const vmm_ranges *r, CUdeviceptr base, size_t extent);
+/* Unmaps the stuck pieces inside [base, base + extent) (a paused range about to be resumed). */
+VMM_INTERNAL vmm_status vmm_ranges_unstick(vmm_arena *a, CUdeviceptr base, size_t extent);
+/* Returns [base, base + extent) to the free list except the stuck pieces inside it recorded
+ * from index first_stuck on (VMM_NO_STUCK: none). */
+VMM_INTERNAL void vmm_ranges_free_unless_stuck(vmm_arena *a, CUdeviceptr base, size_t extent, uint32_t reservation,
+                                               size_t first_stuck);
 
 /* ---- Errors and messages (errors.c) -------------------------------------------------- */
 /* Formats bytes as "7.1 GiB", "512.0 MiB", "4096 B". */
@@ -369,10 +430,12 @@ VMM_INTERNAL bool vmm_can_wait_for_free(vmm_arena *a, const vmm_mapping *m);
  * error. Messages name the caller by `what`. */
 VMM_INTERNAL vmm_status vmm_wait_for_free(vmm_arena *a, const vmm_mapping *m, const char *what, CUstream *waited,
                                           size_t *n_waited, size_t cap);
+/* The deferred list: frees on a capturing stream wait here (DEFERRED) for the capture to end. */
+VMM_INTERNAL void vmm_deferred_push(vmm_arena *a, vmm_mapping *m, CUstream stream);
 /* Unmaps the frees that waited for a capture to end, where the capture is over. */
 VMM_INTERNAL void vmm_process_deferred(vmm_arena *a);
-/* Moves m to its aborted scope's abandoned memory: no driver call until destroy. */
-VMM_INTERNAL void vmm_abandon(vmm_arena *a, vmm_mapping *m);
+/* Moves the deferred frees of an aborted scope to its abandoned memory (no driver call). */
+VMM_INTERNAL void vmm_deferred_abandon_scope(vmm_arena *a, uint64_t scope_id);
 
 /* ---- Assembly (assembly.c) ----------------------------------------------------------- */
 typedef struct vmm_request {
@@ -393,18 +456,9 @@ typedef enum vmm_assembly_mode {
  * On any failure everything taken is put back as it was and the error is recorded. */
 VMM_INTERNAL vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode mode, vmm_mapping *into,
                                      vmm_mapping **out);
-/* Maps handles back to back at base and grants access; undoes itself on failure (a handle
- * whose undo unmap fails is kept stuck). *failed names the entry point that failed. */
-VMM_INTERNAL CUresult vmm_map_handles(vmm_arena *a, CUdeviceptr base, vmm_handle *const *h, uint32_t n, size_t extent,
-                                      vmm_driver_entry *failed);
-/* Bytes of stuck pieces inside [base, base + extent). */
-VMM_INTERNAL size_t vmm_stuck_bytes_in(const vmm_arena *a, CUdeviceptr base, size_t extent);
-/* Unmaps the stuck pieces inside [base, base + extent) (a paused range about to be resumed). */
-VMM_INTERNAL vmm_status vmm_unstick(vmm_arena *a, CUdeviceptr base, size_t extent);
-/* Returns [base, base + extent) to the free list except the stuck pieces recorded from index
- * first_stuck on. */
-VMM_INTERNAL void vmm_free_range_unless_stuck(vmm_arena *a, CUdeviceptr base, size_t extent, uint32_t reservation,
-                                              size_t first_stuck);
+/* EXACT where requests of `kind` are assembled from idle handles now (inside a retention
+ * scope, with reuse on), NEW otherwise. */
+VMM_INTERNAL vmm_assembly_mode vmm_assembly_mode_for(const vmm_arena *a, vmm_kind kind);
 
 /* The largest handle to create inside a scope for `fresh` new bytes: the configured bound, or
  * where the arena chooses, the largest power of two at most 1/64 of the scope's physical peak
@@ -412,13 +466,19 @@ VMM_INTERNAL void vmm_free_range_unless_stuck(vmm_arena *a, CUdeviceptr base, si
  * Outside a scope: the bound a scope begun now would start with. */
 VMM_INTERNAL size_t vmm_handle_bound(const vmm_arena *a, size_t fresh);
 
-/* ---- Pause (pause.c) ---------------------------------------------------------------- */
-/* Returns a backup of `bytes` (from a pause with VMM_PAUSE_BACKUP) to the system; NULL is a no-op. */
+/* ---- Backups (backup.c) ------------------------------------------------------------- */
+/* Whether the driver table has the copies a backup needs (version 2). */
+VMM_INTERNAL bool vmm_backup_supported(const vmm_arena *a);
+/* Copies [base, base + bytes) into new host memory (*out); on failure *out is NULL, nothing
+ * is kept and the error is recorded. */
+VMM_INTERNAL vmm_status vmm_backup_save(vmm_arena *a, CUdeviceptr base, size_t bytes, void **out);
+/* Copies a backup back to [base, base + bytes); the backup stays (the caller frees it). */
+VMM_INTERNAL vmm_status vmm_backup_restore(vmm_arena *a, CUdeviceptr base, const void *backup, size_t bytes);
+/* Returns a backup of `bytes` to the system; NULL is a no-op. */
 VMM_INTERNAL void vmm_backup_free(void *backup, size_t bytes);
-/* Frees a paused allocation: no driver call where it holds no memory; its range returns. */
-VMM_INTERNAL vmm_status vmm_paused_free(vmm_arena *a, vmm_mapping *m);
 
-/* ---- Scope helpers (scope.c) --------------------------------------------------------- */
+/* ---- Scope (scope.c) ---------------------------------------------------------------- */
+/* Whether scope_id (0: none) was aborted. */
 VMM_INTERNAL bool vmm_scope_aborted(const vmm_arena *a, uint64_t scope_id);
 
 #endif

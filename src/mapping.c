@@ -1,18 +1,14 @@
-/* Mapping records and handles: creation, the one state transition, and the one retire
- * (unmap whole, then dispose: leave the table and the range, keep the handles idle or release
- * them). Record before unmap: a record leaves the table only after its unmap succeeded. */
+/* Mapping records: creation, mapping handles whole, the state transitions (one function for
+ * each, the only code that sets a record's state) and the one retire (unmap whole, then
+ * dispose: leave the table and the range, keep the handles idle or release them).
+ * Record before unmap: a record leaves the table only after its unmap succeeded. */
 #include <stdlib.h>
 
 #include "internal.h"
 
-vmm_mapping *vmm_mapping_new(uint32_t handles) {
+vmm_mapping *vmm_mapping_new(void) {
   vmm_mapping *m = calloc(1, sizeof *m);
-  if (!m) return NULL;
-  m->handles = &m->first;
-  if (handles > 1 && !(m->handles = calloc(handles, sizeof *m->handles))) {
-    free(m);
-    return NULL;
-  }
+  if (m) m->handles = &m->first;
   return m;
 }
 
@@ -23,22 +19,120 @@ void vmm_mapping_free(vmm_mapping *m) {
   free(m);
 }
 
-vmm_handle *vmm_handle_new(CUmemGenericAllocationHandle h, size_t size, vmm_kind kind) {
-  vmm_handle *x = calloc(1, sizeof *x);
-  if (x) x->h = h, x->size = size, x->kind = kind;
-  return x;
-}
-
 int vmm_mapping_by_base(const void *x, const void *y) {
   CUdeviceptr a = (*(vmm_mapping *const *)x)->base, b = (*(vmm_mapping *const *)y)->base;
   return a < b ? -1 : a > b;
 }
 
-void vmm_mapping_set_state(vmm_arena *a, vmm_mapping *m, vmm_mapping_state s) {
+/* ---- Mapping handles ----------------------------------------------------------------- */
+
+CUresult vmm_map_handles(vmm_arena *a, CUdeviceptr base, vmm_handle *const *h, uint32_t n, size_t extent,
+                         vmm_driver_entry *failed) {
+  size_t off = 0;
+  CUresult r = CUDA_SUCCESS;
+  uint32_t i;
+  for (i = 0; i < n; i++) {
+    r = VMM_DRV(a, mem_map, base + off, h[i]->size, 0, h[i]->h, 0);
+    if (r != CUDA_SUCCESS) {
+      *failed = VMM_DRV_mem_map;
+      break;
+    }
+    off += h[i]->size;
+  }
+  if (r == CUDA_SUCCESS) {
+    r = VMM_DRV(a, mem_set_access, base, extent, a->access, a->access_count);
+    if (r == CUDA_SUCCESS) return r;
+    *failed = VMM_DRV_mem_set_access;
+  }
+  /* Undo the handles mapped so far, one by one (each is a whole mapping). */
+  off = 0;
+  for (uint32_t j = 0; j < i; off += h[j]->size, j++)
+    if (VMM_DRV(a, mem_unmap, base + off, h[j]->size) != CUDA_SUCCESS) vmm_ranges_keep_stuck(a, base + off, h[j]->size);
+  return r;
+}
+
+void vmm_mapping_attach(vmm_mapping *m, vmm_handle **slots, uint32_t n) {
+  if (m->handles != &m->first) free(m->handles);
+  if (n == 1) {
+    m->first = slots[0];
+    m->handles = &m->first;
+    free(slots);
+  } else {
+    m->handles = slots;
+  }
+  m->handle_count = n;
+  for (uint32_t i = 0; i < n; i++) {
+    m->handles[i]->taken = false;
+    m->handles[i]->node.k2 = 0; /* a fresh store position when it is idle again */
+  }
+}
+
+/* ---- State transitions --------------------------------------------------------------- */
+
+static void set_state(vmm_arena *a, vmm_mapping *m, vmm_mapping_state s) {
   vmm_stat_add(a, m->kind, m->state, m->extent, -1);
   m->state = s;
   vmm_stat_add(a, m->kind, m->state, m->extent, +1);
 }
+
+void vmm_mapping_insert_live(vmm_arena *a, vmm_mapping *m, size_t extent, vmm_kind kind) {
+  m->extent = extent;
+  m->kind = kind;
+  m->state = VMM_MAP_LIVE;
+  vmm_stat_add(a, m->kind, m->state, m->extent, +1);
+  vmm_table_insert(&a->table, m);
+}
+
+void vmm_mapping_hand_out(vmm_arena *a, vmm_mapping *m, size_t requested, CUstream stream, uint32_t tag,
+                          uint64_t scope_id) {
+  if (m->state != VMM_MAP_LIVE) set_state(a, m, VMM_MAP_LIVE);
+  m->requested = requested;
+  m->stream = stream;
+  m->tag = tag;
+  m->scope_id = scope_id;
+  vmm_tag_account(a, tag, m->extent, +1);
+}
+
+int vmm_mapping_pool(vmm_arena *a, vmm_mapping *m, CUstream stream) {
+  CUstream old_stream = m->stream;
+  uint64_t old_epoch = m->free_epoch;
+  m->stream = stream;
+  m->free_epoch = a->epoch; /* reuse elsewhere and unmapping wait for this stream until a quiesce */
+  if (vmm_pool_push(&a->store.pool, m)) {
+    m->stream = old_stream, m->free_epoch = old_epoch;
+    return -1;
+  }
+  set_state(a, m, VMM_MAP_POOLED);
+  return 0;
+}
+
+void vmm_mapping_defer(vmm_arena *a, vmm_mapping *m, CUstream stream) {
+  m->stream = stream;
+  set_state(a, m, VMM_MAP_DEFERRED);
+}
+
+void vmm_mapping_begin_freeing(vmm_arena *a, vmm_mapping *m) { set_state(a, m, VMM_MAP_FREEING); }
+
+void vmm_mapping_end_freeing(vmm_arena *a, vmm_mapping *m) { set_state(a, m, VMM_MAP_LIVE); }
+
+void vmm_mapping_abandon(vmm_arena *a, vmm_mapping *m) { set_state(a, m, VMM_MAP_ABANDONED); }
+
+void vmm_mapping_pause(vmm_arena *a, vmm_mapping *m, void *backup) {
+  m->backup = backup;
+  vmm_tag_account(a, m->tag, m->extent, -1);
+  vmm_tag_account_paused(a, m->tag, m->extent, +1);
+  set_state(a, m, VMM_MAP_PAUSED);
+}
+
+void vmm_mapping_resume(vmm_arena *a, vmm_mapping *m) {
+  vmm_backup_free(m->backup, m->extent);
+  m->backup = NULL;
+  vmm_tag_account_paused(a, m->tag, m->extent, -1);
+  vmm_tag_account(a, m->tag, m->extent, +1);
+  set_state(a, m, VMM_MAP_LIVE);
+}
+
+/* ---- Retire -------------------------------------------------------------------------- */
 
 vmm_status vmm_mapping_unmap(vmm_arena *a, vmm_mapping *m, const char *what) {
   CUresult r = VMM_DRV(a, mem_unmap, m->base, m->extent);
@@ -49,19 +143,6 @@ vmm_status vmm_mapping_unmap(vmm_arena *a, vmm_mapping *m, const char *what) {
   }
   a->mapped_bytes -= m->extent;
   return VMM_OK;
-}
-
-vmm_status vmm_handle_release(vmm_arena *a, vmm_handle *h) {
-  CUresult r = VMM_DRV(a, mem_release, h->h);
-  if (r == CUDA_SUCCESS) {
-    a->physical_bytes -= h->size;
-    free(h);
-    return VMM_OK;
-  }
-  vmm_idle_put(a, h);
-  char b[32];
-  return vmm_fail_driver(a, r, VMM_DRV_mem_release, "releasing a %s handle of %s", vmm_kind_name(h->kind),
-                         vmm_fmt_bytes(h->size, b));
 }
 
 vmm_status vmm_mapping_drop_handles(vmm_arena *a, vmm_mapping *m, bool retain) {
@@ -84,10 +165,11 @@ vmm_status vmm_mapping_drop_handles(vmm_arena *a, vmm_mapping *m, bool retain) {
   return st;
 }
 
-vmm_status vmm_mapping_dispose(vmm_arena *a, vmm_mapping *m, bool retain) {
+vmm_status vmm_mapping_dispose(vmm_arena *a, vmm_mapping *m, bool retain, size_t first_stuck) {
+  if (m->state == VMM_MAP_PAUSED) vmm_tag_account_paused(a, m->tag, m->extent, -1);
   vmm_stat_add(a, m->kind, m->state, m->extent, -1);
   vmm_table_remove(&a->table, m->base);
-  vmm_ranges_free(a, m->base, m->extent, m->reservation);
+  vmm_ranges_free_unless_stuck(a, m->base, m->extent, m->reservation, first_stuck);
   vmm_status st = vmm_mapping_drop_handles(a, m, retain);
   vmm_mapping_free(m);
   return st;
@@ -96,19 +178,20 @@ vmm_status vmm_mapping_dispose(vmm_arena *a, vmm_mapping *m, bool retain) {
 vmm_status vmm_mapping_retire(vmm_arena *a, vmm_mapping *m, bool retain, const char *what, bool *unmapped) {
   vmm_status st = vmm_mapping_unmap(a, m, what);
   *unmapped = st == VMM_OK;
-  return st == VMM_OK ? vmm_mapping_dispose(a, m, retain) : st;
+  return st == VMM_OK ? vmm_mapping_dispose(a, m, retain, VMM_NO_STUCK) : st;
 }
 
-void vmm_mapping_destroy_record(vmm_arena *a, vmm_mapping *m) {
-  CUresult r = m->handle_count ? VMM_DRV(a, mem_unmap, m->base, m->extent) : CUDA_SUCCESS; /* paused: nothing mapped */
-  if (r != CUDA_SUCCESS)
-    vmm_log(1, a->cfg.log_level, "vmmarena: destroy: cuMemUnmap(0x%llx, %zu) failed: %s", (unsigned long long)m->base,
-            m->extent, vmm_cu_error_name(a->drv, r));
-  for (uint32_t i = 0; i < m->handle_count; i++) {
-    r = VMM_DRV(a, mem_release, m->handles[i]->h);
-    if (r != CUDA_SUCCESS)
-      vmm_log(1, a->cfg.log_level, "vmmarena: destroy: cuMemRelease failed: %s", vmm_cu_error_name(a->drv, r));
-    free(m->handles[i]);
+vmm_status vmm_mapping_free_paused(vmm_arena *a, vmm_mapping *m, bool retain) {
+  if (m->handle_count) { /* mapped again, its backup not yet copied back */
+    bool unmapped;
+    return vmm_mapping_retire(a, m, retain, "free", &unmapped);
   }
+  vmm_status st = vmm_ranges_unstick(a, m->base, m->extent); /* a failed resume's leftovers go first */
+  return st == VMM_OK ? vmm_mapping_dispose(a, m, retain, VMM_NO_STUCK) : st;
+}
+
+void vmm_mapping_destroy(vmm_arena *a, vmm_mapping *m) {
+  if (m->handle_count) (void)vmm_mapping_unmap(a, m, "destroy"); /* a failure is logged; paused: nothing mapped */
+  (void)vmm_mapping_drop_handles(a, m, false);
   vmm_mapping_free(m);
 }

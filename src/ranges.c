@@ -1,7 +1,8 @@
 /* VA ranges: reservations from cuMemAddressReserve and a best-fit, coalescing free list.
  * Free ranges are indexed by address (for coalescing) and by (size, address) (for best fit);
  * a range never spans two reservations. Allocation cuts from the top of a free range so the
- * range keeps its base and only its size key changes. */
+ * range keeps its base and only its size key changes. Stuck pieces (a handle whose undo unmap
+ * failed, so it stays mapped) are kept out of the free list until they are unmapped. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -133,14 +134,79 @@ static void free_tree(vmm_avl *n) {
   free(by_addr(n));
 }
 
+/* ---- Stuck pieces -------------------------------------------------------------------- */
+
+void vmm_ranges_keep_stuck(vmm_arena *a, CUdeviceptr base, size_t size) {
+  vmm_ranges *r = &a->ranges;
+  if (r->stuck_count == r->stuck_cap) {
+    size_t cap = r->stuck_cap ? r->stuck_cap * 2 : 8;
+    vmm_reservation *grown = realloc(r->stuck, cap * sizeof *grown);
+    if (!grown) {
+      vmm_log(1, a->cfg.log_level, "vmmarena: host out of memory; mapping 0x%llx+%zu stays mapped until the process ends",
+              (unsigned long long)base, size);
+      return;
+    }
+    r->stuck = grown;
+    r->stuck_cap = cap;
+  }
+  r->stuck[r->stuck_count++] = (vmm_reservation){base, size};
+  r->stuck_bytes += size;
+}
+
+size_t vmm_ranges_stuck_bytes_in(const vmm_ranges *r, CUdeviceptr base, size_t extent) {
+  size_t n = 0;
+  for (size_t k = 0; k < r->stuck_count; k++)
+    if (r->stuck[k].base >= base && r->stuck[k].base < base + extent) n += r->stuck[k].size;
+  return n;
+}
+
+vmm_status vmm_ranges_unstick(vmm_arena *a, CUdeviceptr base, size_t extent) {
+  vmm_ranges *r = &a->ranges;
+  for (size_t k = 0; k < r->stuck_count;) {
+    vmm_reservation s = r->stuck[k];
+    if (s.base < base || s.base >= base + extent) {
+      k++;
+      continue;
+    }
+    CUresult res = VMM_DRV(a, mem_unmap, s.base, s.size);
+    if (res != CUDA_SUCCESS)
+      return vmm_fail_driver(a, res, VMM_DRV_mem_unmap, "unmapping 0x%llx+%zu, left mapped by an earlier failure",
+                             (unsigned long long)s.base, s.size);
+    r->stuck[k] = r->stuck[--r->stuck_count];
+    r->stuck_bytes -= s.size;
+  }
+  return VMM_OK;
+}
+
+void vmm_ranges_free_unless_stuck(vmm_arena *a, CUdeviceptr base, size_t extent, uint32_t reservation,
+                                  size_t first_stuck) {
+  const vmm_ranges *r = &a->ranges;
+  CUdeviceptr at = base, end = base + extent;
+  for (size_t k = first_stuck; k < r->stuck_count; k++) { /* one map call's pieces: ascending */
+    if (r->stuck[k].base < base || r->stuck[k].base >= end) continue;
+    if (r->stuck[k].base > at) vmm_ranges_free(a, at, r->stuck[k].base - at, reservation);
+    at = r->stuck[k].base + r->stuck[k].size;
+  }
+  if (at < end) vmm_ranges_free(a, at, end - at, reservation);
+}
+
+/* ---- Teardown ------------------------------------------------------------------------ */
+
 void vmm_ranges_fini(vmm_arena *a) {
   vmm_ranges *r = &a->ranges;
+  for (size_t i = 0; i < r->stuck_count; i++) {
+    CUresult res = VMM_DRV(a, mem_unmap, r->stuck[i].base, r->stuck[i].size);
+    if (res != CUDA_SUCCESS)
+      vmm_log(1, a->cfg.log_level, "vmmarena: destroy: cuMemUnmap(0x%llx, %zu) failed again: %s",
+              (unsigned long long)r->stuck[i].base, r->stuck[i].size, vmm_cu_error_name(a, res));
+  }
+  free(r->stuck);
   free_tree(r->by_addr);
   for (uint32_t i = 0; i < r->reservation_count; i++) {
     CUresult res = VMM_DRV(a, mem_address_free, r->reservations[i].base, r->reservations[i].size);
     if (res != CUDA_SUCCESS)
       vmm_log(1, a->cfg.log_level, "vmmarena: cuMemAddressFree(0x%llx, %zu) failed: %s",
-              (unsigned long long)r->reservations[i].base, r->reservations[i].size, vmm_cu_error_name(a->drv, res));
+              (unsigned long long)r->reservations[i].base, r->reservations[i].size, vmm_cu_error_name(a, res));
   }
   free(r->reservations);
   memset(r, 0, sizeof *r);

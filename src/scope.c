@@ -61,7 +61,7 @@ static vmm_status drain_pool(vmm_arena *a) {
       return vmm_fail(a, st, "%s (%zu mappings left in the pool, %s)", cause, a->store.pool.count,
                       vmm_fmt_bytes(a->store.pool.bytes, b));
     }
-    vmm_mapping_dispose(a, m, true);
+    vmm_mapping_dispose(a, m, true, VMM_NO_STUCK);
   }
   return VMM_OK;
 }
@@ -82,20 +82,17 @@ static vmm_status wait_for_pool(vmm_arena *a) {
   return VMM_OK;
 }
 
-/* Releases the idle handles, largest first; stops at the first failure. */
+/* Releases the idle handles, largest first; stops at the first failure (that handle stays idle). */
 static vmm_status release_idle(vmm_arena *a) {
   vmm_handle *h;
   while ((h = vmm_idle_largest(a)) != NULL) {
     vmm_idle_remove(a, h);
-    CUresult r = VMM_DRV(a, mem_release, h->h);
-    if (r != CUDA_SUCCESS) {
-      vmm_idle_put(a, h);
-      char b[32];
-      return vmm_fail_driver(a, r, VMM_DRV_mem_release, "finish: releasing an idle %s handle (%zu handles left)",
-                             vmm_fmt_bytes(h->size, b), a->store.unmapped_count);
+    vmm_status st = vmm_handle_release(a, h);
+    if (st != VMM_OK) {
+      char cause[sizeof a->last_error];
+      memcpy(cause, a->last_error, sizeof cause);
+      return vmm_fail(a, st, "finish: %s (%zu idle handles left)", cause, a->store.unmapped_count);
     }
-    a->physical_bytes -= h->size;
-    free(h);
   }
   return VMM_OK;
 }
@@ -112,7 +109,7 @@ vmm_status vmm_retention_finish(vmm_arena *a) {
   } else if ((st = wait_for_pool(a)) != VMM_OK) {
     /* a stream could not be waited for: nothing touched */
   } else {
-    if (a->deferred_head) vmm_process_deferred(a);
+    vmm_process_deferred(a);
     st = drain_pool(a);
     if (st == VMM_OK) st = release_idle(a);
     if (st == VMM_OK) {
@@ -148,8 +145,9 @@ vmm_status vmm_retention_abort(vmm_arena *a) {
   vmm_mapping *m;
   while ((m = vmm_pool_peek_drain(&a->store.pool)) != NULL) {
     vmm_pool_remove(&a->store.pool, m);
-    vmm_abandon(a, m);
+    vmm_mapping_abandon(a, m);
   }
+  vmm_deferred_abandon_scope(a, a->scope_id);
   vmm_idle_abandon_all(a);
   a->scope = VMM_SCOPE_NONE;
   a->scopes_aborted++;

@@ -166,98 +166,117 @@ static const char *state_json(vmm_mapping_state s) {
   return names[s];
 }
 
-vmm_status vmm_arena_snapshot_json(vmm_arena *a, char *buf, size_t cap, size_t *needed) {
-  if (!a || (!buf && cap)) return VMM_ERR_INVALID_ARGUMENT;
-  pthread_mutex_lock(&a->lock);
-  vmm_snapshot s;
-  fill(a, &s);
-  jw w = {buf, cap, 0};
+static void settings_json(jw *w, const vmm_arena *a, const vmm_snapshot *s) {
   static const char *const retain_modes[] = {"auto", "on", "off"};
-  printf_(&w, "{\"schema\":\"vmmarena.snapshot\",\"version\":2,\"device\":%d,\"integrated\":%s,", s.device,
-          s.integrated ? "true" : "false");
-  printf_(&w, "\"retention\":{\"mode\":\"%s\",\"enabled\":%s},", retain_modes[a->cfg.retain],
-          s.retention_enabled ? "true" : "false");
-  printf_(&w, "\"reuse\":{\"policy\":\"%s\",\"bound\":", vmm_reuse_policy_name(s.reuse));
-  if (isfinite(s.reuse_bound)) printf_(&w, "%g", s.reuse_bound);
-  else puts_(&w, "null"); /* JSON has no inf or nan */
-  printf_(&w, ",\"handle_bound_bytes\":%llu,\"package_assembly\":%s},", (unsigned long long)s.handle_bound_bytes,
+  printf_(w, "{\"schema\":\"vmmarena.snapshot\",\"version\":2,\"device\":%d,\"integrated\":%s,", s->device,
+          s->integrated ? "true" : "false");
+  printf_(w, "\"retention\":{\"mode\":\"%s\",\"enabled\":%s},", retain_modes[a->cfg.retain],
+          s->retention_enabled ? "true" : "false");
+  printf_(w, "\"reuse\":{\"policy\":\"%s\",\"bound\":", vmm_reuse_policy_name(s->reuse));
+  if (isfinite(s->reuse_bound)) printf_(w, "%g", s->reuse_bound);
+  else puts_(w, "null"); /* JSON has no inf or nan */
+  printf_(w, ",\"handle_bound_bytes\":%llu,\"package_assembly\":%s},", (unsigned long long)s->handle_bound_bytes,
           a->cfg.package_assembly ? "true" : "false");
-  kv_u64(&w, "granularity", s.granularity, 0);
-  kv_u64(&w, "headroom_bytes", s.headroom_bytes, 1);
-  kv_u64(&w, "limit_bytes", s.limit_bytes, 1);
-  puts_(&w, ",\"totals\":{");
-  kv_u64(&w, "physical_bytes", s.physical_bytes, 0);
-  kv_u64(&w, "physical_peak_bytes", s.physical_peak_bytes, 1);
-  kv_u64(&w, "mapped_bytes", s.mapped_bytes, 1);
-  kv_u64(&w, "mapped_peak_bytes", s.mapped_peak_bytes, 1);
-  kv_u64(&w, "reserved_va_bytes", s.reserved_va_bytes, 1);
-  kv_u64(&w, "reservations", s.reservations, 1);
-  kv_u64(&w, "allocs", s.allocs, 1);
-  kv_u64(&w, "frees", s.frees, 1);
-  kv_u64(&w, "deferred_frees", s.deferred_frees, 1);
-  puts_(&w, "},\"kinds\":{\"package\":");
-  kind_json(&w, &s.kind[VMM_KIND_PACKAGE]);
-  puts_(&w, ",\"transient\":");
-  kind_json(&w, &s.kind[VMM_KIND_TRANSIENT]);
-  puts_(&w, "},\"pool\":{");
-  kv_u64(&w, "retained_reusable_handles", s.retained_reusable_handles, 0);
-  kv_u64(&w, "retained_reusable_bytes", s.retained_reusable_bytes, 1);
-  kv_u64(&w, "hits", s.pool_hits, 1);
-  kv_u64(&w, "misses", s.pool_misses, 1);
-  kv_u64(&w, "fallbacks", s.pool_fallbacks, 1);
-  kv_u64(&w, "idle_unmapped_handles", a->store.unmapped_count, 1);
-  kv_u64(&w, "idle_unmapped_bytes", a->store.unmapped_bytes, 1);
-  kv_u64(&w, "assemblies", s.assemblies, 1);
-  kv_u64(&w, "padded_assemblies", s.padded_assemblies, 1);
-  kv_u64(&w, "assembled_idle_handles", s.assembled_idle_handles, 1);
-  kv_u64(&w, "assembly_created_bytes", s.assembly_created_bytes, 1);
-  kv_u64(&w, "pooled_taken_apart", s.pooled_taken_apart, 1);
-  puts_(&w, ",\"buckets\":[");
+  kv_u64(w, "granularity", s->granularity, 0);
+  kv_u64(w, "headroom_bytes", s->headroom_bytes, 1);
+  kv_u64(w, "limit_bytes", s->limit_bytes, 1);
+}
+
+static void totals_json(jw *w, const vmm_snapshot *s) {
+  puts_(w, ",\"totals\":{");
+  kv_u64(w, "physical_bytes", s->physical_bytes, 0);
+  kv_u64(w, "physical_peak_bytes", s->physical_peak_bytes, 1);
+  kv_u64(w, "mapped_bytes", s->mapped_bytes, 1);
+  kv_u64(w, "mapped_peak_bytes", s->mapped_peak_bytes, 1);
+  kv_u64(w, "reserved_va_bytes", s->reserved_va_bytes, 1);
+  kv_u64(w, "reservations", s->reservations, 1);
+  kv_u64(w, "allocs", s->allocs, 1);
+  kv_u64(w, "frees", s->frees, 1);
+  kv_u64(w, "deferred_frees", s->deferred_frees, 1);
+  puts_(w, "},\"kinds\":{\"package\":");
+  kind_json(w, &s->kind[VMM_KIND_PACKAGE]);
+  puts_(w, ",\"transient\":");
+  kind_json(w, &s->kind[VMM_KIND_TRANSIENT]);
+  puts_(w, "}");
+}
+
+static void pool_json(jw *w, const vmm_arena *a, const vmm_snapshot *s) {
+  puts_(w, ",\"pool\":{");
+  kv_u64(w, "retained_reusable_handles", s->retained_reusable_handles, 0);
+  kv_u64(w, "retained_reusable_bytes", s->retained_reusable_bytes, 1);
+  kv_u64(w, "hits", s->pool_hits, 1);
+  kv_u64(w, "misses", s->pool_misses, 1);
+  kv_u64(w, "fallbacks", s->pool_fallbacks, 1);
+  kv_u64(w, "idle_unmapped_handles", a->store.unmapped_count, 1);
+  kv_u64(w, "idle_unmapped_bytes", a->store.unmapped_bytes, 1);
+  kv_u64(w, "assemblies", s->assemblies, 1);
+  kv_u64(w, "padded_assemblies", s->padded_assemblies, 1);
+  kv_u64(w, "assembled_idle_handles", s->assembled_idle_handles, 1);
+  kv_u64(w, "assembly_created_bytes", s->assembly_created_bytes, 1);
+  kv_u64(w, "pooled_taken_apart", s->pooled_taken_apart, 1);
+  puts_(w, ",\"buckets\":[");
   int first = 1;
-  buckets_json(&w, a->store.pool.root, &first);
-  puts_(&w, "]},\"refusals\":{");
-  kv_u64(&w, "out_of_memory", s.oom_refusals, 0);
-  kv_u64(&w, "limit", s.limit_refusals, 1);
-  kv_u64(&w, "headroom", s.headroom_refusals, 1);
-  printf_(&w, "},\"scope\":{\"state\":\"%s\",\"id\":%llu", s.scope_state == VMM_SCOPE_ACTIVE ? "active" : "none",
-          (unsigned long long)(s.scope_state == VMM_SCOPE_ACTIVE ? a->scope_id : 0));
-  kv_u64(&w, "begun", s.scopes_begun, 1);
-  kv_u64(&w, "finished", s.scopes_finished, 1);
-  kv_u64(&w, "aborted", s.scopes_aborted, 1);
-  puts_(&w, "},\"tags\":[");
-  first = 1;
+  buckets_json(w, a->store.pool.root, &first);
+  puts_(w, "]}");
+}
+
+static void scope_json(jw *w, const vmm_arena *a, const vmm_snapshot *s) {
+  puts_(w, ",\"refusals\":{");
+  kv_u64(w, "out_of_memory", s->oom_refusals, 0);
+  kv_u64(w, "limit", s->limit_refusals, 1);
+  kv_u64(w, "headroom", s->headroom_refusals, 1);
+  printf_(w, "},\"scope\":{\"state\":\"%s\",\"id\":%llu", s->scope_state == VMM_SCOPE_ACTIVE ? "active" : "none",
+          (unsigned long long)(s->scope_state == VMM_SCOPE_ACTIVE ? a->scope_id : 0));
+  kv_u64(w, "begun", s->scopes_begun, 1);
+  kv_u64(w, "finished", s->scopes_finished, 1);
+  kv_u64(w, "aborted", s->scopes_aborted, 1);
+  puts_(w, "}");
+}
+
+static void tags_json(jw *w, const vmm_arena *a) {
+  puts_(w, ",\"tags\":[");
+  int first = 1;
   for (size_t t = 0; t < a->tag_cap; t++) {
     if (!a->tag_count[t] && !a->tag_bytes[t] && !a->tag_paused_count[t]) continue;
-    puts_(&w, first ? "{\"tag\":" : ",{\"tag\":");
-    if (t == 0) puts_(&w, "null");
-    else str(&w, vmm_tag_name((uint32_t)t));
-    kv_u64(&w, "count", a->tag_count[t], 1);
-    kv_u64(&w, "bytes", a->tag_bytes[t], 1);
-    kv_u64(&w, "paused_count", a->tag_paused_count[t], 1);
-    kv_u64(&w, "paused_bytes", a->tag_paused_bytes[t], 1);
-    puts_(&w, "}");
+    puts_(w, first ? "{\"tag\":" : ",{\"tag\":");
+    if (t == 0) puts_(w, "null");
+    else str(w, vmm_tag_name((uint32_t)t));
+    kv_u64(w, "count", a->tag_count[t], 1);
+    kv_u64(w, "bytes", a->tag_bytes[t], 1);
+    kv_u64(w, "paused_count", a->tag_paused_count[t], 1);
+    kv_u64(w, "paused_bytes", a->tag_paused_bytes[t], 1);
+    puts_(w, "}");
     first = 0;
   }
-  puts_(&w, "],\"driver\":{");
-  first = 1;
+  puts_(w, "]");
+}
+
+static void driver_json(jw *w, const vmm_arena *a, const vmm_snapshot *s) {
+  puts_(w, ",\"driver\":{");
+  int first = 1;
   for (int e = 0; e < VMM_DRV_ENTRY_COUNT; e++) {
-    if (!s.driver[e].calls) continue;
-    printf_(&w, "%s\"%s\":{\"calls\":%llu,\"failures\":%llu,\"ns\":%llu}", first ? "" : ",",
-            vmm_driver_entry_name((vmm_driver_entry)e), (unsigned long long)s.driver[e].calls,
-            (unsigned long long)s.driver[e].failures, (unsigned long long)s.driver[e].ns);
+    if (!s->driver[e].calls) continue;
+    printf_(w, "%s\"%s\":{\"calls\":%llu,\"failures\":%llu,\"ns\":%llu}", first ? "" : ",",
+            vmm_driver_entry_name((vmm_driver_entry)e), (unsigned long long)s->driver[e].calls,
+            (unsigned long long)s->driver[e].failures, (unsigned long long)s->driver[e].ns);
     first = 0;
   }
-  puts_(&w, "},\"fatal_error\":");
-  if (s.fatal_status == VMM_OK) {
-    puts_(&w, "null");
+  puts_(w, "},\"fatal_error\":");
+  if (s->fatal_status == VMM_OK) {
+    puts_(w, "null");
   } else {
-    printf_(&w, "{\"status\":\"%s\",\"message\":", vmm_status_name(s.fatal_status));
-    str(&w, a->fatal_message);
-    puts_(&w, "}");
+    printf_(w, "{\"status\":\"%s\",\"message\":", vmm_status_name(s->fatal_status));
+    str(w, a->fatal_message);
+    puts_(w, "}");
   }
-  puts_(&w, ",\"last_error\":");
-  str(&w, a->last_error);
-  puts_(&w, ",\"mappings\":[");
+  puts_(w, ",\"last_error\":");
+  str(w, a->last_error);
+}
+
+/* The inventory, by base address; VMM_ERR_OUT_OF_MEMORY (and an empty list) when the host
+ * has no memory to sort it. */
+static vmm_status mappings_json(jw *w, const vmm_arena *a) {
+  puts_(w, ",\"mappings\":[");
   vmm_mapping **list = a->table.count ? malloc(a->table.count * sizeof *list) : NULL;
   size_t n = 0;
   vmm_mapping *m;
@@ -267,17 +286,32 @@ vmm_status vmm_arena_snapshot_json(vmm_arena *a, char *buf, size_t cap, size_t *
   }
   for (size_t i = 0; i < n; i++) {
     m = list[i];
-    printf_(&w, "%s{\"base\":\"0x%llx\",\"extent\":%zu,\"requested\":%zu,\"kind\":\"%s\",\"state\":\"%s\",\"handles\":%u,\"tag\":",
+    printf_(w, "%s{\"base\":\"0x%llx\",\"extent\":%zu,\"requested\":%zu,\"kind\":\"%s\",\"state\":\"%s\",\"handles\":%u,\"tag\":",
             i ? "," : "", (unsigned long long)m->base, m->extent, m->requested,
             m->kind == VMM_KIND_PACKAGE ? "package" : "transient", state_json(m->state), m->handle_count);
-    if (m->tag) str(&w, vmm_tag_name(m->tag));
-    else puts_(&w, "null");
-    printf_(&w, ",\"scope\":%llu}", (unsigned long long)m->scope_id);
+    if (m->tag) str(w, vmm_tag_name(m->tag));
+    else puts_(w, "null");
+    printf_(w, ",\"scope\":%llu}", (unsigned long long)m->scope_id);
   }
   free(list);
-  vmm_status st = VMM_OK;
-  if (a->table.count && !list) st = VMM_ERR_OUT_OF_MEMORY;
-  puts_(&w, "]}");
+  puts_(w, "]");
+  return a->table.count && !list ? VMM_ERR_OUT_OF_MEMORY : VMM_OK;
+}
+
+vmm_status vmm_arena_snapshot_json(vmm_arena *a, char *buf, size_t cap, size_t *needed) {
+  if (!a || (!buf && cap)) return VMM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&a->lock);
+  vmm_snapshot s;
+  fill(a, &s);
+  jw w = {buf, cap, 0};
+  settings_json(&w, a, &s);
+  totals_json(&w, &s);
+  pool_json(&w, a, &s);
+  scope_json(&w, a, &s);
+  tags_json(&w, a);
+  driver_json(&w, a, &s);
+  vmm_status st = mappings_json(&w, a);
+  puts_(&w, "}");
   put(&w, "", 1); /* the NUL */
   pthread_mutex_unlock(&a->lock);
   if (needed) *needed = w.len;

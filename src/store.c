@@ -3,7 +3,8 @@
  *    extent, each a LIFO list). No bucket in the tree is ever empty (see vmm_pool in
  *    internal.h); emptied buckets are kept on a spare list for the next push.
  *  - unmapped tier: idle handles in an AVL tree keyed by (size, serial).
- *  - the abandoned list: handles of aborted scopes, touched again only by destroy. */
+ *  - the abandoned list: handles of aborted scopes, touched again only by destroy.
+ * The store only files handles: it makes no driver call. */
 #include <stdlib.h>
 
 #include "internal.h"
@@ -181,24 +182,16 @@ void vmm_idle_abandon_all(vmm_arena *a) {
   }
 }
 
-static void release_logged(vmm_arena *a, vmm_handle *h) {
-  CUresult r = VMM_DRV(a, mem_release, h->h);
-  if (r != CUDA_SUCCESS)
-    vmm_log(1, a->cfg.log_level, "vmmarena: destroy: cuMemRelease failed: %s", vmm_cu_error_name(a->drv, r));
-  free(h);
-}
-
-void vmm_store_destroy(vmm_arena *a) {
-  vmm_handle *h;
-  while ((h = vmm_idle_largest(a)) != NULL) {
-    vmm_idle_remove(a, h);
-    release_logged(a, h);
-  }
-  while ((h = a->store.abandoned) != NULL) {
-    a->store.abandoned = h->next;
-    release_logged(a, h);
-  }
-  vmm_pool_fini(&a->store.pool);
+vmm_handle *vmm_abandoned_pop(vmm_arena *a) {
+  vmm_store *s = &a->store;
+  vmm_handle *h = s->abandoned;
+  if (!h) return NULL;
+  s->abandoned = h->next;
+  s->abandoned_count--;
+  s->abandoned_bytes -= h->size;
+  a->kind[h->kind].abandoned_count--;
+  a->kind[h->kind].abandoned_bytes -= h->size;
+  return h;
 }
 
 static int check_idle(const vmm_avl *n, vmm_kind_stats *k, size_t *count, uint64_t *bytes, char *why, size_t cap) {

@@ -77,18 +77,32 @@ vmm_status vmm_wait_for_free(vmm_arena *a, const vmm_mapping *m, const char *wha
   return VMM_OK;
 }
 
-void vmm_abandon(vmm_arena *a, vmm_mapping *m) { vmm_mapping_set_state(a, m, VMM_MAP_ABANDONED); }
+/* ---- Frees deferred by a capture ------------------------------------------------------ */
+
+void vmm_deferred_push(vmm_arena *a, vmm_mapping *m, CUstream stream) {
+  vmm_mapping_defer(a, m, stream);
+  m->pool_next = a->deferred_head;
+  a->deferred_head = m;
+  a->deferred_frees++;
+}
+
+void vmm_deferred_abandon_scope(vmm_arena *a, uint64_t scope_id) {
+  for (vmm_mapping **link = &a->deferred_head; *link;) {
+    vmm_mapping *m = *link;
+    if (m->scope_id != scope_id) {
+      link = &m->pool_next;
+      continue;
+    }
+    *link = m->pool_next;
+    m->pool_next = NULL;
+    vmm_mapping_abandon(a, m);
+  }
+}
 
 void vmm_process_deferred(vmm_arena *a) {
   vmm_mapping **link = &a->deferred_head;
   while (*link) {
     vmm_mapping *m = *link;
-    if (vmm_scope_aborted(a, m->scope_id)) { /* aborted while its free waited for the capture */
-      *link = m->pool_next;
-      m->pool_next = NULL;
-      vmm_abandon(a, m);
-      continue;
-    }
     if (vmm_stream_capturing(a, m->stream) || VMM_DRV(a, stream_synchronize, m->stream) != CUDA_SUCCESS) {
       link = &m->pool_next;
       continue;

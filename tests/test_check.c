@@ -138,9 +138,9 @@ static void test_counters(void **state) {
   a->ranges.free_bytes += a->granularity;
   expect_broken(a, "VA accounting");
   a->ranges.free_bytes -= a->granularity;
-  a->stuck_bytes += a->granularity;
+  a->ranges.stuck_bytes += a->granularity;
   expect_broken(a, "stuck");
-  a->stuck_bytes -= a->granularity;
+  a->ranges.stuck_bytes -= a->granularity;
   tu_check(a);
   assert_int_equal(vmm_arena_free(a, p, TU_STREAM(0)), VMM_OK);
   tu_destroy(a);

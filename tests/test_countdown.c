@@ -159,7 +159,7 @@ static void describe(vmm_arena *a, text *t) {
   t->buf[0] = '\0';
   add(t, "physical %llu mapped %llu allocs %llu frees %llu stuck %zu scope %d\n", (unsigned long long)a->physical_bytes,
       (unsigned long long)a->mapped_bytes, (unsigned long long)a->allocs, (unsigned long long)a->frees,
-      a->stuck_count, (int)a->scope);
+      a->ranges.stuck_count, (int)a->scope);
   for (int k = 0; k < VMM_KIND_COUNT; k++) {
     const vmm_kind_stats *ks = &a->kind[k];
     add(t, "kind %d: live %llu/%llu pooled %llu/%llu retained %llu/%llu abandoned %llu/%llu\n", k,

@@ -55,16 +55,19 @@ static CUresult name_success_but_null(CUresult error, const char **name) {
 
 static void test_cu_error_names(void **state) {
   (void)state;
-  const struct vmm_driver *fake = fake_driver_reset(NULL);
-  assert_string_equal(vmm_cu_error_name(fake, CUDA_ERROR_OUT_OF_MEMORY), "CUDA_ERROR_OUT_OF_MEMORY");
+  static vmm_arena a; /* only drv and the driver counters are read */
+  a.drv = fake_driver_reset(NULL);
+  assert_string_equal(vmm_cu_error_name(&a, CUDA_ERROR_OUT_OF_MEMORY), "CUDA_ERROR_OUT_OF_MEMORY");
+  assert_int_equal(a.drv_stats[VMM_DRV_get_error_name].calls, 1); /* counted like every driver call */
   /* The fake does not know this code: it fails the lookup. */
-  assert_string_equal(vmm_cu_error_name(fake, (CUresult)12345), "CUDA_ERROR_UNRECOGNIZED");
-  assert_string_equal(vmm_cu_error_name(NULL, CUDA_ERROR_INVALID_VALUE), "CUDA_ERROR_UNRECOGNIZED");
-  struct vmm_driver table = *fake;
+  assert_string_equal(vmm_cu_error_name(&a, (CUresult)12345), "CUDA_ERROR_UNRECOGNIZED");
+  assert_int_equal(a.drv_stats[VMM_DRV_get_error_name].failures, 1);
+  struct vmm_driver table = *a.drv;
+  a.drv = &table;
   table.get_error_name = NULL;
-  assert_string_equal(vmm_cu_error_name(&table, CUDA_ERROR_INVALID_VALUE), "CUDA_ERROR_UNRECOGNIZED");
+  assert_string_equal(vmm_cu_error_name(&a, CUDA_ERROR_INVALID_VALUE), "CUDA_ERROR_UNRECOGNIZED");
   table.get_error_name = name_success_but_null;
-  assert_string_equal(vmm_cu_error_name(&table, CUDA_ERROR_INVALID_VALUE), "CUDA_ERROR_UNRECOGNIZED");
+  assert_string_equal(vmm_cu_error_name(&a, CUDA_ERROR_INVALID_VALUE), "CUDA_ERROR_UNRECOGNIZED");
 }
 
 /* Out of memory is recoverable; any other driver error is fatal, and the first one sticks. */

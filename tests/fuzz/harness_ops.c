@@ -239,8 +239,8 @@ static void add_live(model *m, CUdeviceptr base, size_t bytes, vmm_kind kind) {
       violation(m, "alloc returned 0x%llx+%zu, overlapping the %s record 0x%llx+%zu", (unsigned long long)base,
                 rec->extent, o->state == VMM_MAP_LIVE ? "live" : "idle", (unsigned long long)o->base, o->extent);
   }
-  for (size_t i = 0; i < m->a->stuck_count; i++) {
-    const vmm_reservation *k = &m->a->stuck[i];
+  for (size_t i = 0; i < m->a->ranges.stuck_count; i++) {
+    const vmm_reservation *k = &m->a->ranges.stuck[i];
     if (base < k->base + k->size && k->base < base + rec->extent)
       violation(m, "alloc returned 0x%llx+%zu, overlapping the still-mapped 0x%llx+%zu", (unsigned long long)base,
                 rec->extent, (unsigned long long)k->base, k->size);

@@ -1,0 +1,35 @@
+/* Handles: one physical allocation each (cuMemCreate), always mapped whole. This file creates
+ * and releases them; the idle store (store.c) files them while no mapping holds them. */
+#include <stdlib.h>
+
+#include "internal.h"
+
+vmm_handle *vmm_handle_new(size_t size, vmm_kind kind) {
+  vmm_handle *h = calloc(1, sizeof *h);
+  if (h) h->size = size, h->kind = kind;
+  return h;
+}
+
+CUresult vmm_handle_create(vmm_arena *a, vmm_handle *h) {
+  CUresult r = VMM_DRV(a, mem_create, &h->h, h->size, &a->prop, 0);
+  if (r == CUDA_SUCCESS) vmm_add_physical(a, h->size);
+  return r;
+}
+
+/* The one release. A failure keeps the handle idle (finish or destroy tries again) and is
+ * recorded; while the arena is being destroyed it is logged and the handle forgotten. */
+vmm_status vmm_handle_release(vmm_arena *a, vmm_handle *h) {
+  CUresult r = VMM_DRV(a, mem_release, h->h);
+  if (r == CUDA_SUCCESS || a->destroying) {
+    if (r != CUDA_SUCCESS)
+      vmm_log(1, a->cfg.log_level, "vmmarena: destroy: cuMemRelease failed: %s", vmm_cu_error_name(a, r));
+    else
+      a->physical_bytes -= h->size;
+    free(h);
+    return VMM_OK;
+  }
+  vmm_idle_put(a, h);
+  char b[32];
+  return vmm_fail_driver(a, r, VMM_DRV_mem_release, "releasing a %s handle of %s", vmm_kind_name(h->kind),
+                         vmm_fmt_bytes(h->size, b));
+}
