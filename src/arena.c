@@ -240,11 +240,11 @@ vmm_status vmm_arena_free(vmm_arena *a, void *ptr, CUstream stream) {
 vmm_status vmm_arena_quiesce(vmm_arena *a) {
   if (!a) return VMM_ERR_INVALID_ARGUMENT;
   pthread_mutex_lock(&a->lock);
-  vmm_status st = VMM_OK;
   vmm_process_deferred(a);
   CUresult r = VMM_DRV(a, ctx_synchronize);
-  if (r != CUDA_SUCCESS) st = vmm_fail_driver(a, r, VMM_DRV_ctx_synchronize, "synchronizing device %d to quiesce", a->cfg.device);
-  else a->epoch++;
+  vmm_status st = r == CUDA_SUCCESS ? VMM_OK
+                  : vmm_fail_driver(a, r, VMM_DRV_ctx_synchronize, "synchronizing device %d to quiesce", a->cfg.device);
+  if (st == VMM_OK) a->epoch++; /* every free before now is ordered before any later use */
   vmm_ctx_leave(a);
   pthread_mutex_unlock(&a->lock);
   return st;

@@ -377,15 +377,3 @@ vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode 
   free(x.p.apart);
   return st;
 }
-
-#define VMM_BOUND_SHARE 64             /* an idle handle no request can use costs at most ~1.6% of the peak */
-#define VMM_BOUND_MAX ((size_t)256 << 20) /* beyond this, fewer calls gain nothing measurable */
-
-size_t vmm_handle_bound(const vmm_arena *a, size_t fresh) {
-  if (a->handle_bound) return a->handle_bound;
-  uint64_t peak = a->scope == VMM_SCOPE_ACTIVE ? a->scope_peak : a->physical_bytes;
-  if (fresh > peak) peak = fresh; /* a first request larger than all held is not cut finer than 1/64 of it */
-  size_t target = (size_t)(peak / VMM_BOUND_SHARE), bound = a->granularity;
-  while (bound * 2 <= target && bound * 2 <= VMM_BOUND_MAX) bound *= 2;
-  return bound;
-}

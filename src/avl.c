@@ -14,23 +14,21 @@ static void update(vmm_avl *n) {
   n->height = (hl > hr ? hl : hr) + 1;
 }
 
-static vmm_avl *rotate_right(vmm_avl *n) {
-  vmm_avl *l = n->left;
-  n->left = l->right;
-  l->right = n;
+/* The child slot of n on one side: 0 left, 1 right. */
+static vmm_avl **child(vmm_avl *n, int side) { return side ? &n->right : &n->left; }
+
+/* Rotates n's child on `side` up into n's place (a right rotation for side 0); returns it. */
+static vmm_avl *rotate(vmm_avl *n, int side) {
+  vmm_avl *c = *child(n, side);
+  *child(n, side) = *child(c, !side);
+  *child(c, !side) = n;
   update(n);
-  update(l);
-  return l;
+  update(c);
+  return c;
 }
 
-static vmm_avl *rotate_left(vmm_avl *n) {
-  vmm_avl *r = n->right;
-  n->right = r->left;
-  r->left = n;
-  update(n);
-  update(r);
-  return r;
-}
+static vmm_avl *rotate_right(vmm_avl *n) { return rotate(n, 0); }
+static vmm_avl *rotate_left(vmm_avl *n) { return rotate(n, 1); }
 
 static vmm_avl *rebalance(vmm_avl *n) {
   update(n);
@@ -98,35 +96,23 @@ vmm_avl *vmm_avl_find(vmm_avl *n, uint64_t k1, uint64_t k2) {
   return NULL;
 }
 
-vmm_avl *vmm_avl_ceil(vmm_avl *n, uint64_t k1, uint64_t k2) {
+/* The node nearest the key from one side: the smallest at or above it (side 0) or the
+ * largest at or below it (side 1); NULL if there is none. */
+static vmm_avl *nearest(vmm_avl *n, uint64_t k1, uint64_t k2, int side) {
   vmm_avl *best = NULL;
   while (n) {
     int c = cmp(k1, k2, n);
     if (c == 0) return n;
-    if (c < 0) {
-      best = n;
-      n = n->left;
-    } else {
-      n = n->right;
-    }
+    bool beyond = side ? c > 0 : c < 0; /* n lies on the wanted side of the key */
+    if (beyond) best = n;
+    n = *child(n, beyond ? side : !side);
   }
   return best;
 }
 
-vmm_avl *vmm_avl_floor(vmm_avl *n, uint64_t k1, uint64_t k2) {
-  vmm_avl *best = NULL;
-  while (n) {
-    int c = cmp(k1, k2, n);
-    if (c == 0) return n;
-    if (c > 0) {
-      best = n;
-      n = n->right;
-    } else {
-      n = n->left;
-    }
-  }
-  return best;
-}
+vmm_avl *vmm_avl_ceil(vmm_avl *n, uint64_t k1, uint64_t k2) { return nearest(n, k1, k2, 0); }
+
+vmm_avl *vmm_avl_floor(vmm_avl *n, uint64_t k1, uint64_t k2) { return nearest(n, k1, k2, 1); }
 
 vmm_avl *vmm_avl_last(vmm_avl *n) {
   while (n && n->right) n = n->right;

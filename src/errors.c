@@ -5,24 +5,20 @@
 
 #include "internal.h"
 
-static const char *const status_names[] = {
-#define VMM_STATUS_NAME(name, message) #name,
-    VMM_STATUS_TABLE(VMM_STATUS_NAME)
-#undef VMM_STATUS_NAME
-};
-
-static const char *const status_messages[] = {
-#define VMM_STATUS_MESSAGE(name, message) message,
-    VMM_STATUS_TABLE(VMM_STATUS_MESSAGE)
-#undef VMM_STATUS_MESSAGE
+static const struct {
+  const char *name, *message;
+} statuses[] = {
+#define VMM_STATUS_ROW(name, message) {#name, message},
+    VMM_STATUS_TABLE(VMM_STATUS_ROW)
+#undef VMM_STATUS_ROW
 };
 
 const char *vmm_status_name(vmm_status s) {
-  return (unsigned)s < VMM_STATUS_COUNT ? status_names[s] : "VMM_STATUS_UNKNOWN";
+  return (unsigned)s < VMM_STATUS_COUNT ? statuses[s].name : "VMM_STATUS_UNKNOWN";
 }
 
 const char *vmm_status_message(vmm_status s) {
-  return (unsigned)s < VMM_STATUS_COUNT ? status_messages[s] : "unknown status";
+  return (unsigned)s < VMM_STATUS_COUNT ? statuses[s].message : "unknown status";
 }
 
 const char *vmm_fmt_bytes(uint64_t bytes, char buf[32]) {

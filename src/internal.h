@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "vmmarena.h"
 #include "vmmarena/trace.h"
@@ -42,6 +43,16 @@ VMM_INTERNAL long vmm_avl_check(const vmm_avl *root);
 
 #define vmm_container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
 
+/* Room in `array` (of `elem`-byte elements, `count` used, *cap allocated) for one more: the
+ * array itself, or a copy with twice the capacity (8 at first; *cap raised). NULL on host
+ * out-of-memory, with the array and *cap unchanged. */
+static inline void *vmm_array_room(void *array, size_t count, size_t *cap, size_t elem) {
+  if (count < *cap) return array;
+  size_t grown_cap = *cap ? *cap * 2 : 8;
+  void *grown = realloc(array, grown_cap * elem);
+  if (grown) *cap = grown_cap;
+  return grown;
+}
 /* ---- VA ranges (ranges.c) ------------------------------------------------------------ */
 
 typedef struct vmm_reservation {
@@ -59,7 +70,8 @@ typedef struct vmm_free_range {
 
 typedef struct vmm_ranges {
   vmm_reservation *reservations;
-  uint32_t reservation_count, reservation_cap;
+  uint32_t reservation_count;
+  size_t reservation_cap;
   vmm_avl *by_addr, *by_size;
   size_t free_bytes, reserved_bytes;
   size_t free_range_count;

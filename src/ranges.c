@@ -35,13 +35,9 @@ static vmm_status grow(vmm_arena *a, size_t size) {
   size_t g = a->granularity;
   size_t want = size > a->cfg.reserve_bytes ? size : a->cfg.reserve_bytes;
   want = (want + g - 1) / g * g;
-  if (r->reservation_count == r->reservation_cap) {
-    uint32_t cap = r->reservation_cap ? r->reservation_cap * 2 : 8;
-    vmm_reservation *grown = realloc(r->reservations, cap * sizeof *grown);
-    if (!grown) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory growing the reservation list");
-    r->reservations = grown;
-    r->reservation_cap = cap;
-  }
+  vmm_reservation *room = vmm_array_room(r->reservations, r->reservation_count, &r->reservation_cap, sizeof *room);
+  if (!room) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory growing the reservation list");
+  r->reservations = room;
   vmm_free_range *f = malloc(sizeof *f);
   if (!f) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for a free-range record");
   CUdeviceptr base = 0;
@@ -138,17 +134,13 @@ static void free_tree(vmm_avl *n) {
 
 void vmm_ranges_keep_stuck(vmm_arena *a, CUdeviceptr base, size_t size) {
   vmm_ranges *r = &a->ranges;
-  if (r->stuck_count == r->stuck_cap) {
-    size_t cap = r->stuck_cap ? r->stuck_cap * 2 : 8;
-    vmm_reservation *grown = realloc(r->stuck, cap * sizeof *grown);
-    if (!grown) {
-      vmm_log(1, a->cfg.log_level, "vmmarena: host out of memory; mapping 0x%llx+%zu stays mapped until the process ends",
-              (unsigned long long)base, size);
-      return;
-    }
-    r->stuck = grown;
-    r->stuck_cap = cap;
+  vmm_reservation *room = vmm_array_room(r->stuck, r->stuck_count, &r->stuck_cap, sizeof *room);
+  if (!room) {
+    vmm_log(1, a->cfg.log_level, "vmmarena: host out of memory; mapping 0x%llx+%zu stays mapped until the process ends",
+            (unsigned long long)base, size);
+    return;
   }
+  r->stuck = room;
   r->stuck[r->stuck_count++] = (vmm_reservation){base, size};
   r->stuck_bytes += size;
 }
@@ -192,22 +184,23 @@ void vmm_ranges_free_unless_stuck(vmm_arena *a, CUdeviceptr base, size_t extent,
 
 /* ---- Teardown ------------------------------------------------------------------------ */
 
+/* Logs a teardown call that failed: nothing is kept for a retry. */
+static void log_teardown(vmm_arena *a, CUresult res, vmm_driver_entry e, CUdeviceptr base, size_t size) {
+  if (res != CUDA_SUCCESS)
+    vmm_log(1, a->cfg.log_level, "vmmarena: destroy: %s(0x%llx, %zu) failed: %s", vmm_driver_entry_name(e),
+            (unsigned long long)base, size, vmm_cu_error_name(a, res));
+}
+
 void vmm_ranges_fini(vmm_arena *a) {
   vmm_ranges *r = &a->ranges;
-  for (size_t i = 0; i < r->stuck_count; i++) {
-    CUresult res = VMM_DRV(a, mem_unmap, r->stuck[i].base, r->stuck[i].size);
-    if (res != CUDA_SUCCESS)
-      vmm_log(1, a->cfg.log_level, "vmmarena: destroy: cuMemUnmap(0x%llx, %zu) failed again: %s",
-              (unsigned long long)r->stuck[i].base, r->stuck[i].size, vmm_cu_error_name(a, res));
-  }
+  for (size_t i = 0; i < r->stuck_count; i++)
+    log_teardown(a, VMM_DRV(a, mem_unmap, r->stuck[i].base, r->stuck[i].size), VMM_DRV_mem_unmap, r->stuck[i].base,
+                 r->stuck[i].size);
   free(r->stuck);
   free_tree(r->by_addr);
-  for (uint32_t i = 0; i < r->reservation_count; i++) {
-    CUresult res = VMM_DRV(a, mem_address_free, r->reservations[i].base, r->reservations[i].size);
-    if (res != CUDA_SUCCESS)
-      vmm_log(1, a->cfg.log_level, "vmmarena: cuMemAddressFree(0x%llx, %zu) failed: %s",
-              (unsigned long long)r->reservations[i].base, r->reservations[i].size, vmm_cu_error_name(a, res));
-  }
+  for (uint32_t i = 0; i < r->reservation_count; i++)
+    log_teardown(a, VMM_DRV(a, mem_address_free, r->reservations[i].base, r->reservations[i].size),
+                 VMM_DRV_mem_address_free, r->reservations[i].base, r->reservations[i].size);
   free(r->reservations);
   memset(r, 0, sizeof *r);
 }

@@ -17,10 +17,6 @@ bool vmm_scope_aborted(const vmm_arena *a, uint64_t scope_id) {
   return false;
 }
 
-static void trace_scope(vmm_arena *a, vmm_trace_op op, vmm_status st) {
-  vmm_trace_arena_op(a, op, -1, 0, 0, 0, NULL, 0, st);
-}
-
 static vmm_status scope_error(vmm_arena *a, const char *call) {
   if (a->scope == VMM_SCOPE_ACTIVE)
     return vmm_fail(a, VMM_ERR_SCOPE_STATE, "%s: retention scope %llu is already active; scopes do not nest", call,
@@ -30,22 +26,27 @@ static vmm_status scope_error(vmm_arena *a, const char *call) {
                   (unsigned long long)a->scopes_aborted);
 }
 
-vmm_status vmm_retention_begin(vmm_arena *a) {
+/* Runs one scope operation under the arena's lock and traces it. */
+static vmm_status scope_call(vmm_arena *a, vmm_trace_op op, vmm_status (*locked)(vmm_arena *a)) {
   if (!a) return VMM_ERR_INVALID_ARGUMENT;
   pthread_mutex_lock(&a->lock);
-  vmm_status st = VMM_OK;
-  if (a->scope == VMM_SCOPE_ACTIVE) {
-    st = scope_error(a, "vmm_retention_begin");
-  } else {
-    a->scope = VMM_SCOPE_ACTIVE;
-    a->scope_id = ++a->next_scope_id;
-    a->scope_peak = a->physical_bytes;
-    a->scopes_begun++;
-  }
-  trace_scope(a, VMM_TRACE_BEGIN, st);
+  vmm_status st = locked(a);
+  vmm_trace_arena_op(a, op, -1, 0, 0, 0, NULL, 0, st);
+  vmm_ctx_leave(a);
   pthread_mutex_unlock(&a->lock);
   return st;
 }
+
+static vmm_status begin_locked(vmm_arena *a) {
+  if (a->scope == VMM_SCOPE_ACTIVE) return scope_error(a, "vmm_retention_begin");
+  a->scope = VMM_SCOPE_ACTIVE;
+  a->scope_id = ++a->next_scope_id;
+  a->scope_peak = a->physical_bytes;
+  a->scopes_begun++;
+  return VMM_OK;
+}
+
+vmm_status vmm_retention_begin(vmm_arena *a) { return scope_call(a, VMM_TRACE_BEGIN, begin_locked); }
 
 /* Pops the pool in drain order (largest bucket first, newest first within it) and retires
  * each mapping, keeping its handles idle; a failed unmap pushes the mapping back where it was. */
@@ -97,51 +98,38 @@ static vmm_status release_idle(vmm_arena *a) {
   return VMM_OK;
 }
 
-vmm_status vmm_retention_finish(vmm_arena *a) {
-  if (!a) return VMM_ERR_INVALID_ARGUMENT;
-  pthread_mutex_lock(&a->lock);
-  vmm_status st;
+/* Validates the scope and waits for the pool's streams before anything is touched; then
+ * drains the pool and releases the idle handles. */
+static vmm_status finish_locked(vmm_arena *a) {
   char why[200];
-  if (a->scope != VMM_SCOPE_ACTIVE) {
-    st = scope_error(a, "vmm_retention_finish");
-  } else if (vmm_pool_check(&a->store.pool, why, sizeof why)) {
-    st = vmm_fail(a, VMM_ERR_SCOPE_STATE, "vmm_retention_finish: pool is inconsistent, nothing touched: %s", why);
-  } else if ((st = wait_for_pool(a)) != VMM_OK) {
-    /* a stream could not be waited for: nothing touched */
-  } else {
-    vmm_process_deferred(a);
-    st = drain_pool(a);
-    if (st == VMM_OK) st = release_idle(a);
-    if (st == VMM_OK) {
-      a->scope = VMM_SCOPE_NONE;
-      a->scopes_finished++;
-    }
-  }
-  trace_scope(a, VMM_TRACE_FINISH, st);
-  vmm_ctx_leave(a);
-  pthread_mutex_unlock(&a->lock);
-  return st;
+  vmm_status st;
+  if (a->scope != VMM_SCOPE_ACTIVE) return scope_error(a, "vmm_retention_finish");
+  if (vmm_pool_check(&a->store.pool, why, sizeof why))
+    return vmm_fail(a, VMM_ERR_SCOPE_STATE, "vmm_retention_finish: pool is inconsistent, nothing touched: %s", why);
+  if ((st = wait_for_pool(a)) != VMM_OK) return st; /* a stream could not be waited for: nothing touched */
+  vmm_process_deferred(a);
+  if ((st = drain_pool(a)) != VMM_OK || (st = release_idle(a)) != VMM_OK) return st;
+  a->scope = VMM_SCOPE_NONE;
+  a->scopes_finished++;
+  return VMM_OK;
 }
 
-vmm_status vmm_retention_abort(vmm_arena *a) {
-  if (!a) return VMM_ERR_INVALID_ARGUMENT;
-  pthread_mutex_lock(&a->lock);
-  vmm_status st = VMM_OK;
-  if (a->scope != VMM_SCOPE_ACTIVE) {
-    st = scope_error(a, "vmm_retention_abort");
-    goto out;
-  }
-  if (a->aborted_count == a->aborted_cap) {
-    size_t cap = a->aborted_cap ? a->aborted_cap * 2 : 8;
-    uint64_t *grown = realloc(a->aborted_scopes, cap * sizeof *grown);
-    if (!grown) {
-      st = vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "abort: host out of memory; the scope stays active");
-      goto out;
-    }
-    a->aborted_scopes = grown;
-    a->aborted_cap = cap;
-  }
+vmm_status vmm_retention_finish(vmm_arena *a) { return scope_call(a, VMM_TRACE_FINISH, finish_locked); }
+
+/* Records the scope as aborted: its memory freed later is abandoned too. */
+static vmm_status remember_aborted(vmm_arena *a) {
+  uint64_t *room = vmm_array_room(a->aborted_scopes, a->aborted_count, &a->aborted_cap, sizeof *room);
+  if (!room) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "abort: host out of memory; the scope stays active");
+  a->aborted_scopes = room;
   a->aborted_scopes[a->aborted_count++] = a->scope_id;
+  return VMM_OK;
+}
+
+/* No driver call: the pool, the deferred frees and the idle handles become abandoned. */
+static vmm_status abort_locked(vmm_arena *a) {
+  if (a->scope != VMM_SCOPE_ACTIVE) return scope_error(a, "vmm_retention_abort");
+  vmm_status st = remember_aborted(a);
+  if (st != VMM_OK) return st;
   vmm_mapping *m;
   while ((m = vmm_pool_peek_drain(&a->store.pool)) != NULL) {
     vmm_pool_remove(&a->store.pool, m);
@@ -151,8 +139,7 @@ vmm_status vmm_retention_abort(vmm_arena *a) {
   vmm_idle_abandon_all(a);
   a->scope = VMM_SCOPE_NONE;
   a->scopes_aborted++;
-out:
-  trace_scope(a, VMM_TRACE_ABORT, st);
-  pthread_mutex_unlock(&a->lock);
-  return st;
+  return VMM_OK;
 }
+
+vmm_status vmm_retention_abort(vmm_arena *a) { return scope_call(a, VMM_TRACE_ABORT, abort_locked); }

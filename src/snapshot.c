@@ -1,5 +1,6 @@
 /* Snapshot: the C struct and the JSON document (schema in docs/snapshot.md). */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -136,20 +137,44 @@ static void kv_u64(jw *w, const char *key, uint64_t v, int comma) {
   printf_(w, "%s\"%s\":%llu", comma ? "," : "", key, (unsigned long long)v);
 }
 
-static void kind_json(jw *w, const vmm_kind_stats *k) {
-  puts_(w, "{");
-  kv_u64(w, "live_count", k->live_count, 0);
-  kv_u64(w, "live_bytes", k->live_bytes, 1);
-  kv_u64(w, "pooled_count", k->pooled_count, 1);
-  kv_u64(w, "pooled_bytes", k->pooled_bytes, 1);
-  kv_u64(w, "retained_count", k->retained_count, 1);
-  kv_u64(w, "retained_bytes", k->retained_bytes, 1);
-  kv_u64(w, "paused_count", k->paused_count, 1);
-  kv_u64(w, "paused_bytes", k->paused_bytes, 1);
-  kv_u64(w, "abandoned_count", k->abandoned_count, 1);
-  kv_u64(w, "abandoned_bytes", k->abandoned_bytes, 1);
-  puts_(w, "}");
+/* A JSON key and the uint64_t member of a struct it reports. */
+typedef struct field {
+  const char *key;
+  size_t offset;
+} field;
+
+#define FIELD(type, member) {#member, offsetof(type, member)}
+#define FIELD_AS(key, type, member) {key, offsetof(type, member)}
+
+static const field kind_fields[] = {
+    FIELD(vmm_kind_stats, live_count),      FIELD(vmm_kind_stats, live_bytes),
+    FIELD(vmm_kind_stats, pooled_count),    FIELD(vmm_kind_stats, pooled_bytes),
+    FIELD(vmm_kind_stats, retained_count),  FIELD(vmm_kind_stats, retained_bytes),
+    FIELD(vmm_kind_stats, paused_count),    FIELD(vmm_kind_stats, paused_bytes),
+    FIELD(vmm_kind_stats, abandoned_count), FIELD(vmm_kind_stats, abandoned_bytes),
+};
+
+static const field total_fields[] = {
+    FIELD(vmm_snapshot, physical_bytes), FIELD(vmm_snapshot, physical_peak_bytes), FIELD(vmm_snapshot, mapped_bytes),
+    FIELD(vmm_snapshot, mapped_peak_bytes), FIELD(vmm_snapshot, reserved_va_bytes), FIELD(vmm_snapshot, reservations),
+    FIELD(vmm_snapshot, allocs), FIELD(vmm_snapshot, frees), FIELD(vmm_snapshot, deferred_frees),
+};
+
+static const field refusal_fields[] = {
+    FIELD_AS("out_of_memory", vmm_snapshot, oom_refusals),
+    FIELD_AS("limit", vmm_snapshot, limit_refusals),
+    FIELD_AS("headroom", vmm_snapshot, headroom_refusals),
+};
+
+/* Writes "{" (open), the fields of obj as "key":value pairs, and "}" (close). */
+static void fields_json(jw *w, const void *obj, const field *f, size_t n, bool open, bool close) {
+  if (open) puts_(w, "{");
+  for (size_t i = 0; i < n; i++)
+    kv_u64(w, f[i].key, *(const uint64_t *)(const void *)((const char *)obj + f[i].offset), i > 0);
+  if (close) puts_(w, "}");
 }
+
+#define FIELDS_JSON(w, obj, table, open, close) fields_json(w, obj, table, sizeof table / sizeof table[0], open, close)
 
 static void buckets_json(jw *w, const vmm_avl *n, int *first) {
   if (!n) return;
@@ -183,37 +208,33 @@ static void settings_json(jw *w, const vmm_arena *a, const vmm_snapshot *s) {
 }
 
 static void totals_json(jw *w, const vmm_snapshot *s) {
-  puts_(w, ",\"totals\":{");
-  kv_u64(w, "physical_bytes", s->physical_bytes, 0);
-  kv_u64(w, "physical_peak_bytes", s->physical_peak_bytes, 1);
-  kv_u64(w, "mapped_bytes", s->mapped_bytes, 1);
-  kv_u64(w, "mapped_peak_bytes", s->mapped_peak_bytes, 1);
-  kv_u64(w, "reserved_va_bytes", s->reserved_va_bytes, 1);
-  kv_u64(w, "reservations", s->reservations, 1);
-  kv_u64(w, "allocs", s->allocs, 1);
-  kv_u64(w, "frees", s->frees, 1);
-  kv_u64(w, "deferred_frees", s->deferred_frees, 1);
-  puts_(w, "},\"kinds\":{\"package\":");
-  kind_json(w, &s->kind[VMM_KIND_PACKAGE]);
+  puts_(w, ",\"totals\":");
+  FIELDS_JSON(w, s, total_fields, true, true);
+  puts_(w, ",\"kinds\":{\"package\":");
+  FIELDS_JSON(w, &s->kind[VMM_KIND_PACKAGE], kind_fields, true, true);
   puts_(w, ",\"transient\":");
-  kind_json(w, &s->kind[VMM_KIND_TRANSIENT]);
+  FIELDS_JSON(w, &s->kind[VMM_KIND_TRANSIENT], kind_fields, true, true);
   puts_(w, "}");
 }
 
+static const field reuse_fields[] = {
+    FIELD(vmm_snapshot, retained_reusable_handles), FIELD(vmm_snapshot, retained_reusable_bytes),
+    FIELD_AS("hits", vmm_snapshot, pool_hits),      FIELD_AS("misses", vmm_snapshot, pool_misses),
+    FIELD_AS("fallbacks", vmm_snapshot, pool_fallbacks),
+};
+
+static const field assembly_fields[] = {
+    FIELD(vmm_snapshot, assemblies), FIELD(vmm_snapshot, padded_assemblies), FIELD(vmm_snapshot, assembled_idle_handles),
+    FIELD(vmm_snapshot, assembly_created_bytes), FIELD(vmm_snapshot, pooled_taken_apart),
+};
+
 static void pool_json(jw *w, const vmm_arena *a, const vmm_snapshot *s) {
-  puts_(w, ",\"pool\":{");
-  kv_u64(w, "retained_reusable_handles", s->retained_reusable_handles, 0);
-  kv_u64(w, "retained_reusable_bytes", s->retained_reusable_bytes, 1);
-  kv_u64(w, "hits", s->pool_hits, 1);
-  kv_u64(w, "misses", s->pool_misses, 1);
-  kv_u64(w, "fallbacks", s->pool_fallbacks, 1);
+  puts_(w, ",\"pool\":");
+  FIELDS_JSON(w, s, reuse_fields, true, false);
   kv_u64(w, "idle_unmapped_handles", a->store.unmapped_count, 1);
   kv_u64(w, "idle_unmapped_bytes", a->store.unmapped_bytes, 1);
-  kv_u64(w, "assemblies", s->assemblies, 1);
-  kv_u64(w, "padded_assemblies", s->padded_assemblies, 1);
-  kv_u64(w, "assembled_idle_handles", s->assembled_idle_handles, 1);
-  kv_u64(w, "assembly_created_bytes", s->assembly_created_bytes, 1);
-  kv_u64(w, "pooled_taken_apart", s->pooled_taken_apart, 1);
+  puts_(w, ",");
+  FIELDS_JSON(w, s, assembly_fields, false, false);
   puts_(w, ",\"buckets\":[");
   int first = 1;
   buckets_json(w, a->store.pool.root, &first);
@@ -221,11 +242,9 @@ static void pool_json(jw *w, const vmm_arena *a, const vmm_snapshot *s) {
 }
 
 static void scope_json(jw *w, const vmm_arena *a, const vmm_snapshot *s) {
-  puts_(w, ",\"refusals\":{");
-  kv_u64(w, "out_of_memory", s->oom_refusals, 0);
-  kv_u64(w, "limit", s->limit_refusals, 1);
-  kv_u64(w, "headroom", s->headroom_refusals, 1);
-  printf_(w, "},\"scope\":{\"state\":\"%s\",\"id\":%llu", s->scope_state == VMM_SCOPE_ACTIVE ? "active" : "none",
+  puts_(w, ",\"refusals\":");
+  FIELDS_JSON(w, s, refusal_fields, true, true);
+  printf_(w, ",\"scope\":{\"state\":\"%s\",\"id\":%llu", s->scope_state == VMM_SCOPE_ACTIVE ? "active" : "none",
           (unsigned long long)(s->scope_state == VMM_SCOPE_ACTIVE ? a->scope_id : 0));
   kv_u64(w, "begun", s->scopes_begun, 1);
   kv_u64(w, "finished", s->scopes_finished, 1);
