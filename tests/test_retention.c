@@ -875,6 +875,50 @@ static void reuse_on_other_stream_waits_on_event(void **state) {
   tu_destroy(a);
 }
 
+/* A quiesce orders only the frees made before it. A mapping freed after an earlier quiesce
+ * still needs the event before another stream reuses it. */
+static void reuse_after_an_earlier_quiesce_still_waits_on_event(void **state) {
+  (void)state;
+  vmm_arena *a = tu_arena(NULL, NULL);
+  assert_int_equal(vmm_retention_begin(a), VMM_OK);
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  void *p = tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S1);
+  free_ok(a, p, S1);
+  size_t from = fake_call_count();
+  assert_ptr_equal(tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S2), p);
+  size_t record = first_call(from, VMM_DRV_event_record), wait = first_call(from, VMM_DRV_stream_wait_event);
+  assert_true(record != SIZE_MAX && wait != SIZE_MAX && record < wait);
+  assert_int_equal(fake_call_at(record)->a1, (uintptr_t)S1);
+  assert_int_equal(fake_call_at(wait)->a0, (uintptr_t)S2);
+  free_ok(a, p, S2);
+  /* A second quiesce orders that free: the next cross-stream hit needs no event. */
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  from = fake_call_count();
+  assert_ptr_equal(tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S1), p);
+  assert_int_equal(fake_call_count(), from);
+  free_ok(a, p, S1);
+  assert_int_equal(vmm_retention_finish(a), VMM_OK);
+  tu_destroy(a);
+}
+
+/* Finish unmaps a pooled mapping only after the work of the stream that freed it, even when
+ * a quiesce came before that free. */
+static void finish_after_an_earlier_quiesce_still_waits_for_the_freeing_stream(void **state) {
+  (void)state;
+  vmm_arena *a = tu_arena(NULL, NULL);
+  assert_int_equal(vmm_retention_begin(a), VMM_OK);
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  void *p = tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S2);
+  free_ok(a, p, S2);
+  size_t from = fake_call_count();
+  assert_int_equal(vmm_retention_finish(a), VMM_OK);
+  size_t sync = first_call(from, VMM_DRV_stream_synchronize), unmap = first_call(from, VMM_DRV_mem_unmap);
+  assert_true(sync != SIZE_MAX && unmap != SIZE_MAX && sync < unmap);
+  assert_int_equal(fake_call_at(sync)->a0, (uintptr_t)S2);
+  assert_int_equal(fake_call_at(unmap)->a0, dp(p));
+  tu_destroy(a);
+}
+
 static void hit_on_same_stream_makes_no_driver_call(void **state) {
   (void)state;
   vmm_arena *a = tu_arena(NULL, NULL);
@@ -1121,6 +1165,8 @@ int main(void) {
       cmocka_unit_test(oom_with_nothing_fitting_is_recoverable),
       cmocka_unit_test(assembly_failure_restores_pool),
       cmocka_unit_test(reuse_on_other_stream_waits_on_event),
+      cmocka_unit_test(reuse_after_an_earlier_quiesce_still_waits_on_event),
+      cmocka_unit_test(finish_after_an_earlier_quiesce_still_waits_for_the_freeing_stream),
       cmocka_unit_test(hit_on_same_stream_makes_no_driver_call),
       cmocka_unit_test(capturing_stream_reuses_only_its_own),
       cmocka_unit_test(reuse_after_quiesce_needs_no_event),
