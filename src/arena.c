@@ -175,7 +175,7 @@ static vmm_status refuse_pointer(vmm_arena *a, CUdeviceptr p, vmm_mapping *m) {
 static vmm_status free_now(vmm_arena *a, vmm_mapping *m, CUstream stream, bool *freed) {
   vmm_mapping_begin_freeing(a, m);
   pthread_mutex_unlock(&a->lock);
-  CUresult r = VMM_DRV(a, stream_synchronize, stream);
+  CUresult r = vmm_stream_wait(a, stream);
   pthread_mutex_lock(&a->lock);
   vmm_mapping_end_freeing(a, m);
   if (r != CUDA_SUCCESS)
@@ -241,10 +241,7 @@ vmm_status vmm_arena_quiesce(vmm_arena *a) {
   if (!a) return VMM_ERR_INVALID_ARGUMENT;
   pthread_mutex_lock(&a->lock);
   vmm_process_deferred(a);
-  CUresult r = VMM_DRV(a, ctx_synchronize);
-  vmm_status st = r == CUDA_SUCCESS ? VMM_OK
-                  : vmm_fail_driver(a, r, VMM_DRV_ctx_synchronize, "synchronizing device %d to quiesce", a->cfg.device);
-  if (st == VMM_OK) a->epoch++; /* every free before now is ordered before any later use */
+  vmm_status st = vmm_quiesce(a);
   vmm_ctx_leave(a);
   pthread_mutex_unlock(&a->lock);
   return st;
@@ -256,7 +253,7 @@ void vmm_arena_destroy(vmm_arena *a) {
   if (!a) return;
   pthread_mutex_lock(&a->lock);
   a->destroying = true; /* failures are logged, and nothing is kept for a retry */
-  (void)VMM_DRV(a, ctx_synchronize);
+  vmm_stream_order_fini(a); /* waits for all work first */
   vmm_mapping *m;
   vmm_table_foreach(&a->table, i, m) vmm_mapping_destroy(a, m);
   vmm_handle *h;
@@ -268,9 +265,7 @@ void vmm_arena_destroy(vmm_arena *a) {
   vmm_pool_fini(&a->store.pool);
   vmm_table_fini(&a->table);
   vmm_ranges_fini(a);
-  if (a->order_event) (void)VMM_DRV(a, event_destroy, a->order_event);
-  if (a->ctx) (void)VMM_DRV(a, primary_ctx_release, a->dev);
-  vmm_ctx_leave(a);
+  vmm_device_close(a);
   vmm_trace_close(a->trace);
   free(a->aborted_scopes);
   free(a->tag_bytes);

@@ -185,3 +185,8 @@ vmm_status vmm_arena_create(const vmm_config *cfg, vmm_arena **out) {
   *out = a;
   return VMM_OK;
 }
+
+void vmm_device_close(vmm_arena *a) {
+  if (a->ctx) (void)VMM_DRV(a, primary_ctx_release, a->dev);
+  vmm_ctx_leave(a);
+}

@@ -405,6 +405,10 @@ VMM_INTERNAL uint32_t vmm_tag_lookup(const char *name, bool *known);
 VMM_INTERNAL void vmm_trace_arena_op(vmm_arena *a, vmm_trace_op op, int kind, size_t requested, size_t rounded,
                                      CUdeviceptr ptr, CUstream stream, uint32_t tag, vmm_status result);
 
+/* ---- Device (arena_create.c) -------------------------------------------------------- */
+/* Destroy: releases the primary context that creation retained and pops it. */
+VMM_INTERNAL void vmm_device_close(vmm_arena *a);
+
 /* ---- Meminfo (meminfo.c) ------------------------------------------------------------- */
 VMM_INTERNAL CUresult vmm_host_memory_available(size_t *bytes);
 
@@ -442,6 +446,13 @@ VMM_INTERNAL bool vmm_can_wait_for_free(vmm_arena *a, const vmm_mapping *m);
  * error. Messages name the caller by `what`. */
 VMM_INTERNAL vmm_status vmm_wait_for_free(vmm_arena *a, const vmm_mapping *m, const char *what, CUstream *waited,
                                           size_t *n_waited, size_t cap);
+/* Waits for the work queued on `stream` (called without the arena's lock). */
+VMM_INTERNAL CUresult vmm_stream_wait(vmm_arena *a, CUstream stream);
+/* Waits for all work on the device; then every earlier free is ordered before any later use
+ * (the epoch rises). */
+VMM_INTERNAL vmm_status vmm_quiesce(vmm_arena *a);
+/* Destroy: waits for all work on the device and destroys the order event. */
+VMM_INTERNAL void vmm_stream_order_fini(vmm_arena *a);
 /* The deferred list: frees on a capturing stream wait here (DEFERRED) for the capture to end. */
 VMM_INTERNAL void vmm_deferred_push(vmm_arena *a, vmm_mapping *m, CUstream stream);
 /* Unmaps the frees that waited for a capture to end, where the capture is over. */

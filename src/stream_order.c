@@ -77,6 +77,22 @@ vmm_status vmm_wait_for_free(vmm_arena *a, const vmm_mapping *m, const char *wha
   return VMM_OK;
 }
 
+CUresult vmm_stream_wait(vmm_arena *a, CUstream stream) { return VMM_DRV(a, stream_synchronize, stream); }
+
+vmm_status vmm_quiesce(vmm_arena *a) {
+  CUresult r = VMM_DRV(a, ctx_synchronize);
+  if (r != CUDA_SUCCESS)
+    return vmm_fail_driver(a, r, VMM_DRV_ctx_synchronize, "synchronizing device %d to quiesce", a->cfg.device);
+  a->epoch++; /* every free before now is ordered before any later use */
+  return VMM_OK;
+}
+
+void vmm_stream_order_fini(vmm_arena *a) {
+  (void)VMM_DRV(a, ctx_synchronize);
+  if (a->order_event) (void)VMM_DRV(a, event_destroy, a->order_event);
+  a->order_event = NULL;
+}
+
 /* ---- Frees deferred by a capture ------------------------------------------------------ */
 
 void vmm_deferred_push(vmm_arena *a, vmm_mapping *m, CUstream stream) {
