@@ -1,5 +1,21 @@
 /* vmmarena: an in-process CUDA VMM device allocator with a retention scope and a pool of
- * live transient mappings. See docs/api.md for the whole contract. */
+ * live transient mappings.
+ *
+ * This header is the reference: each declaration says what it does, which statuses it returns
+ * and when, and what a failure leaves (docs/api.md is the overview, docs/design.md the why).
+ * What holds for every call that takes an arena:
+ *   - A NULL arena returns VMM_ERR_INVALID_ARGUMENT (or the documented neutral value) and
+ *     records nothing.
+ *   - Any other failure keeps a message with its numbers for vmm_arena_last_error() (the
+ *     snapshot calls' own argument errors excepted). The first VMM_ERR_DRIVER failure is also
+ *     kept as the arena's fatal error (vmm_arena_fatal_error); out-of-memory is recoverable
+ *     and never fatal.
+ *   - A failure leaves the arena's memory as it was (mappings, pool, idle handles, free list)
+ *     unless the function's comment says otherwise; refusal, pool-miss and driver-call
+ *     counters still count it.
+ *   - Calls on one arena are thread-safe, except vmm_arena_destroy, which must not race them.
+ *   - A stream passed to the arena must stay alive while the arena holds memory freed on it:
+ *     until vmm_retention_finish, vmm_arena_quiesce or vmm_arena_destroy. */
 #ifndef VMMARENA_H
 #define VMMARENA_H
 
@@ -14,18 +30,25 @@
 extern "C" {
 #endif
 
+/* Version of this header; the library of the same release has the same (its soname carries
+ * the major number). */
 #define VMMARENA_VERSION_MAJOR 0
 #define VMMARENA_VERSION_MINOR 1
 #define VMMARENA_VERSION_PATCH 0
 
 /* ---- Status codes: one table generates the enum, the names and the messages ---------- */
 
+/* X(name, default message) for each status, in enum order. vmm_arena_last_error() and the
+ * other message calls say more than these messages: what was asked, found and held. */
 #define VMM_STATUS_TABLE(X)                                                                      \
   X(VMM_OK, "success")                                                                           \
-  X(VMM_ERR_INVALID_ARGUMENT, "invalid argument: bad size, NULL out-pointer or bad configuration") \
+  X(VMM_ERR_INVALID_ARGUMENT, "invalid argument: bad size, NULL arena or out-pointer, unknown kind or " \
+                              "mode, bad configuration, buffer too small, or nothing to pause or resume") \
   X(VMM_ERR_UNKNOWN_POINTER, "not a live allocation of this arena: unknown, interior or freed twice") \
   X(VMM_ERR_OUT_OF_MEMORY, "out of memory (recoverable): driver, limit or headroom refused new memory") \
-  X(VMM_ERR_SCOPE_STATE, "retention scope misuse: begin inside a scope, or finish/abort without one") \
+  X(VMM_ERR_SCOPE_STATE, "retention scope misuse (begin inside a scope, finish/abort without one) or a " \
+                         "capturing stream (finish, pause or resume would wait or copy on a stream " \
+                         "capturing a CUDA graph)")                                             \
   X(VMM_ERR_DRIVER, "a CUDA driver call failed")                                                 \
   X(VMM_ERR_NO_DRIVER, "libcuda.so.1 could not be loaded or lacks an entry point")
 
@@ -36,31 +59,47 @@ typedef enum vmm_status {
   VMM_STATUS_COUNT
 } vmm_status;
 
-/* "VMM_ERR_OUT_OF_MEMORY"; "VMM_STATUS_UNKNOWN" for a value outside the enum. */
+/* Name of a status ("VMM_ERR_OUT_OF_MEMORY"); "VMM_STATUS_UNKNOWN" for a value outside the
+ * enum. A static string; never NULL. */
 VMM_API const char *vmm_status_name(vmm_status s);
-/* The default message of a status code. */
+/* The default message of a status (the table above); "unknown status" for a value outside
+ * the enum. A static string; never NULL. */
 VMM_API const char *vmm_status_message(vmm_status s);
 
 /* ---- Configuration ------------------------------------------------------------------- */
 
+/* What an allocation is for; it decides what happens to it inside a retaining scope (see
+ * vmm_retention_begin).
+ *   VMM_KIND_PACKAGE:   persistent memory (weights, caches, graph operands). Never handed a
+ *                       pooled mapping; assembled from idle handles (unless package_assembly
+ *                       is off); its free unmaps it and keeps the handles idle.
+ *   VMM_KIND_TRANSIENT: temporaries of a warmup or tuning step. Its free keeps the mapping
+ *                       live in the pool for a later transient allocation. */
 typedef enum vmm_kind { VMM_KIND_PACKAGE, VMM_KIND_TRANSIENT } vmm_kind;
-#define VMM_KIND_COUNT 2
+#define VMM_KIND_COUNT 2 /* number of kinds: the size of vmm_snapshot.kind[] */
 
+/* Which pooled mapping a transient allocation inside a retaining scope may take
+ * (VMMARENA_REUSE). What the policy finds nothing for is assembled from idle handles (except
+ * under VMM_REUSE_NONE). */
 typedef enum vmm_reuse_policy {
   VMM_REUSE_EXACT,    /* only a pooled mapping of exactly the rounded size ("exact") */
   VMM_REUSE_BOUNDED,  /* smallest mapping >= request and <= bound x request ("bounded:F") */
   VMM_REUSE_BEST_FIT, /* smallest mapping >= request ("best-fit") */
-  VMM_REUSE_NONE      /* retain but never reuse ("none"): the seeds' failing behaviour, for comparison */
+  VMM_REUSE_NONE      /* retain but never reuse ("none"): memory grows with every step; for comparison */
 } vmm_reuse_policy;
 
+/* Whether a retention scope keeps freed memory (VMMARENA_RETAIN). */
 typedef enum vmm_retain_mode {
   VMM_RETAIN_AUTO, /* on for integrated (unified-memory) GPUs only */
   VMM_RETAIN_ON,
   VMM_RETAIN_OFF /* a scope is bookkeeping only: frees release at once */
 } vmm_retain_mode;
 
-#define VMM_MAX_DEVICES 64
+#define VMM_MAX_DEVICES 64 /* device ordinals 0..63: vmm_config.device, bits of peer_access_mask */
 
+/* The settings of an arena. Start from vmm_config_init, then set fields, vmm_config_set or
+ * vmm_config_from_env. vmm_arena_create checks and copies them; it opens trace_path at once
+ * and keeps the driver pointer, so that table must outlive the arena. */
 typedef struct vmm_config {
   int device;                      /* CUDA device ordinal */
   vmm_reuse_policy reuse;          /* VMMARENA_REUSE */
@@ -74,88 +113,188 @@ typedef struct vmm_config {
   uint64_t peer_access_mask;       /* VMMARENA_PEER_ACCESS: bit d grants device d access to mappings */
   const char *trace_path;          /* VMMARENA_TRACE: operation trace file, NULL = off */
   int log_level;                   /* VMMARENA_LOG: 0 off, 1 error, 2 info, 3 debug */
+  size_t pause_staging;            /* VMMARENA_PAUSE_STAGING: pinned staging bytes of VMM_PAUSE_BACKUP copies, 64 MiB; bit 63 set ("64M,keep"): kept while nothing is paused; 0 = synchronous copies */
   const struct vmm_driver *driver; /* NULL = the CUDA driver (libcuda.so.1) */
 } vmm_config;
 
-/* Parses "8G", "512M", "1.5G", "4096", "1T", "64K" (binary units, optional trailing 'B'/'iB'). */
+/* Parses a size: digits, an optional fraction, an optional binary unit K, M, G, T or P and an
+ * optional 'B' or 'iB' ("8G", "512M", "1.5G", "4096", "2MiB"). Empty, negative, unparsable or
+ * overflowing text, a fraction of a byte or a NULL pointer: VMM_ERR_INVALID_ARGUMENT, *bytes
+ * unchanged, and vmm_config_error() says why. */
 VMM_API vmm_status vmm_parse_size(const char *text, size_t *bytes);
-/* Defaults: device 0, exact reuse, 256 GiB reservations, no headroom, no limit, the arena's
- * handle bound, package assembly on, retention auto, no peers, no trace, errors logged, CUDA
- * driver. */
+/* Sets every field of cfg (not NULL) to its default: device 0, exact reuse, 256 GiB
+ * reservations, no headroom, no limit, the arena's handle bound, package assembly on,
+ * retention auto, no peers, no trace, errors logged, the CUDA driver. Cannot fail. */
 VMM_API void vmm_config_init(vmm_config *cfg);
-/* Reads every VMMARENA_* variable that is set over cfg. On a bad value returns
- * VMM_ERR_INVALID_ARGUMENT, leaves cfg unchanged and keeps a message naming the variable and
- * the value for vmm_config_error(). */
+/* Applies every VMMARENA_* variable that is set (README.md, "Configuration"), all or nothing.
+ * A bad value (an empty one, and the retired VMMARENA_STITCH, included) or a NULL cfg:
+ * VMM_ERR_INVALID_ARGUMENT, cfg unchanged, and vmm_config_error() names the variable and the
+ * value. On success it clears vmm_config_error(); trace_path then points into the
+ * environment. */
 VMM_API vmm_status vmm_config_from_env(vmm_config *cfg);
-/* Sets one setting by its environment name ("VMMARENA_REUSE") or short name ("reuse"). */
+/* Sets one setting from text, as its variable would, by its environment name
+ * ("VMMARENA_REUSE") or short name ("reuse", "limit", "trace", ...). An unknown name, a NULL
+ * cfg, name or value, or a bad value: VMM_ERR_INVALID_ARGUMENT, cfg unchanged, and
+ * vmm_config_error() says why. "trace" keeps the pointer value, which must live until
+ * vmm_arena_create. */
 VMM_API vmm_status vmm_config_set(vmm_config *cfg, const char *name, const char *value);
-/* Message of the latest vmm_config_* failure on this thread ("" if none). */
+/* Message of the latest failed vmm_parse_size, vmm_config_set or vmm_config_from_env on this
+ * thread, naming the setting and the value; "" if none. A thread-local buffer that the
+ * thread's next such call overwrites. */
 VMM_API const char *vmm_config_error(void);
-/* Name of a policy ("exact", "bounded", "best-fit", "none"). */
+/* Name of a policy ("exact", "bounded", "best-fit", "none"); "unknown" outside the enum. */
 VMM_API const char *vmm_reuse_policy_name(vmm_reuse_policy p);
 
 /* ---- Arena --------------------------------------------------------------------------- */
 
+/* An allocator for one device: its address reservations, mapping records, pool and idle
+ * handles. Opaque; made by vmm_arena_create, freed by vmm_arena_destroy. */
 typedef struct vmm_arena vmm_arena;
 
-/* Creates an arena for cfg->device. On failure *out is NULL and vmm_create_error() says why. */
+/* Creates an arena for cfg->device (cfg NULL: the defaults) and stores it in *out: loads
+ * libcuda.so.1 when cfg->driver is NULL, retains the device's primary context, checks the
+ * peers and opens the trace file. On failure *out is NULL (out not NULL), nothing is held,
+ * and vmm_create_error() says why:
+ *   VMM_ERR_INVALID_ARGUMENT  NULL out; a device out of range or not present; a bad reuse bound,
+ *                             policy or retention mode; reserve_bytes 0; a driver table older
+ *                             than version 1; a peer that is absent or has no peer path; a
+ *                             trace file that cannot be opened;
+ *   VMM_ERR_NO_DRIVER         cfg->driver is NULL and libcuda.so.1 is missing or lacks an entry point;
+ *   VMM_ERR_DRIVER            a driver call failed, or the device lacks virtual memory management;
+ *   VMM_ERR_OUT_OF_MEMORY     the host or the driver ran out of memory. */
 VMM_API vmm_status vmm_arena_create(const vmm_config *cfg, vmm_arena **out);
-/* Message of the latest vmm_arena_create failure on this thread. */
+/* Message of the latest failed vmm_arena_create on this thread; "" if none. A thread-local
+ * buffer that the thread's next failed create overwrites. */
 VMM_API const char *vmm_create_error(void);
-/* Synchronizes the device, then releases everything, abandoned memory too. NULL is a no-op. */
+/* Synchronizes the device, then unmaps and releases everything the arena holds (live,
+ * pooled, idle, paused and abandoned memory, backups), releases the primary context and
+ * closes the trace. Driver failures are logged, not returned. NULL is a no-op. Must not race
+ * any other call on the arena; its pointers are invalid afterwards. */
 VMM_API void vmm_arena_destroy(vmm_arena *arena);
 
-/* Allocates `bytes` (rounded up to the granularity) of `kind` for use on `stream`. */
+/* Allocates `bytes` (rounded up to the granularity) of `kind` for use on `stream`, tagged with
+ * this thread's current tag, and stores its base in *out. Inside a retaining scope it takes,
+ * in order: a pooled mapping the reuse policy allows (transient only; no driver call); idle
+ * handles mapped back to back with new memory for the rest (not under VMM_REUSE_NONE, nor for
+ * package requests with package_assembly off); once new memory is refused, any pooled mapping
+ * that fits, or idle handles the last of which is larger (transient only). Otherwise it
+ * creates new memory. New memory must pass the limit and the headroom. A mapping freed on
+ * another stream is reused only once ordered after its free. On failure *out is NULL (out not
+ * NULL):
+ *   VMM_ERR_INVALID_ARGUMENT  NULL out, unknown kind, 0 bytes or more than 2^47;
+ *   VMM_ERR_OUT_OF_MEMORY     the limit, the headroom, the driver or the host refused new memory
+ *                             and nothing idle could serve the request: recoverable, free and retry;
+ *   VMM_ERR_DRIVER            a driver call failed. */
 VMM_API vmm_status vmm_arena_alloc(vmm_arena *arena, size_t bytes, vmm_kind kind, CUstream stream, void **out);
-/* Frees the allocation whose base is `ptr`, used on `stream` (synchronized before unmap). */
+/* Frees the allocation whose base is `ptr`; `stream` is the stream it was last used on.
+ * Outside a retaining scope: synchronizes `stream`, unmaps and releases. Inside one a
+ * transient mapping goes to the pool still mapped (no driver call), and a package one is
+ * unmapped after the synchronize with its handles kept idle until finish. On a capturing
+ * stream the unmap is deferred until a later call finds the capture over. Memory of an aborted
+ * scope is only marked abandoned; a paused allocation gives its range and backup back.
+ *   VMM_ERR_UNKNOWN_POINTER  ptr is NULL, not from this arena, an interior pointer (the message
+ *                            names the allocation) or already freed; nothing changes;
+ *   VMM_ERR_DRIVER           a driver call failed; if it was the synchronize or the unmap, the
+ *                            allocation stays live and a later free retries. */
 VMM_API vmm_status vmm_arena_free(vmm_arena *arena, void *ptr, CUstream stream);
-/* Synchronizes the context and marks every pooled mapping as reusable on any stream. */
+/* Synchronizes the device's context, so that the mappings pooled so far may go to any stream
+ * with no event and finish waits for none of their streams; first completes the deferred frees
+ * whose capture is over. VMM_ERR_DRIVER if the synchronize fails: the pooled mappings then
+ * keep waiting for their streams. */
 VMM_API vmm_status vmm_arena_quiesce(vmm_arena *arena);
-/* Granularity in bytes of this arena's device. */
+/* Allocation granularity of the arena's device in bytes (0 for NULL); every extent and
+ * rounded size is a multiple. */
 VMM_API size_t vmm_arena_granularity(const vmm_arena *arena);
-/* Device ordinal of the arena. */
+/* Device ordinal of the arena (-1 for NULL). */
 VMM_API int vmm_arena_device(const vmm_arena *arena);
 
 /* ---- Retention scope ----------------------------------------------------------------- */
 
+/* Begins a retention scope. While it is active and the arena retains (VMMARENA_RETAIN on, or
+ * auto on an integrated GPU: vmm_snapshot.retention_enabled), no free releases physical
+ * memory: transient mappings are pooled, other freed memory is kept as idle handles, and
+ * allocations use both before creating memory. Otherwise a scope is bookkeeping only. No
+ * driver call. VMM_ERR_SCOPE_STATE if a scope is active already (scopes do not nest). */
 VMM_API vmm_status vmm_retention_begin(vmm_arena *arena);
+/* Ends the scope and releases what it retained. First, touching nothing, it returns
+ * VMM_ERR_SCOPE_STATE when no scope is active, when the pool fails its consistency check, or
+ * when a stream that freed a pooled mapping since the last quiesce is capturing a CUDA graph
+ * (retry once the capture ends), and VMM_ERR_DRIVER when waiting for such a stream fails.
+ * Then it unmaps every pooled mapping and releases every idle handle: a failed unmap or
+ * release returns VMM_ERR_DRIVER with that mapping or handle kept where it was and the scope
+ * still active, and a later finish carries on. Allocations live at finish stay live. */
 VMM_API vmm_status vmm_retention_finish(vmm_arena *arena);
+/* Gives the scope up with no driver call, now or later, for its memory: pooled mappings and
+ * idle handles become abandoned, as do the scope's allocations when freed later; they stay
+ * held (reported as abandoned) until vmm_arena_destroy. Paused allocations stay paused.
+ * VMM_ERR_SCOPE_STATE if no scope is active; VMM_ERR_OUT_OF_MEMORY if the host has no memory
+ * to record the abort. Either failure leaves the scope as it was. */
 VMM_API vmm_status vmm_retention_abort(vmm_arena *arena);
 
 /* ---- Pause and resume ---------------------------------------------------------------- */
 
+/* What vmm_arena_pause does with the contents. */
 typedef enum vmm_pause_mode {
   VMM_PAUSE_DISCARD, /* the contents are dropped */
   VMM_PAUSE_BACKUP   /* the contents are copied to host memory and back on resume */
 } vmm_pause_mode;
 
 /* Takes the physical memory of every live allocation tagged `tag` (NULL: untagged) away and
- * keeps each one's virtual range, so pointers stay valid. Outside a scope the handles are
- * released; inside one they become idle handles (reused, never released before finish).
- * Synchronizes each allocation's stream first; refused while one of them is capturing. */
+ * keeps each one's virtual range, so pointers held by graphs and tensors stay valid. Outside
+ * a retaining scope the handles are released; inside one they become idle handles (used by
+ * other allocations, released by finish). These refusals change nothing:
+ *   VMM_ERR_INVALID_ARGUMENT  an unknown mode; VMM_PAUSE_BACKUP with a driver table that lacks
+ *                             the copy entry points (older than version 2); a tag never used,
+ *                             or one with no live allocation;
+ *   VMM_ERR_SCOPE_STATE       an allocation's stream is capturing a CUDA graph, or with
+ *                             VMM_PAUSE_BACKUP the legacy stream, which the copy uses, would
+ *                             join a capture;
+ *   VMM_ERR_OUT_OF_MEMORY     no host memory for the list of allocations;
+ *   VMM_ERR_DRIVER            reading a capture state or synchronizing a stream failed.
+ * Then it synchronizes each allocation's stream once and pauses the allocations one by one in
+ * address order, each whole (with VMM_PAUSE_BACKUP copied to host memory first). A failure
+ * there (VMM_ERR_OUT_OF_MEMORY: no host memory for a backup; VMM_ERR_DRIVER) stops the call:
+ * what it paused stays paused, the rest stays live, and calling again pauses the rest. */
 VMM_API vmm_status vmm_arena_pause(vmm_arena *arena, const char *tag, vmm_pause_mode mode);
-/* Maps memory back at the same addresses (from idle handles where possible) for every paused
- * allocation tagged `tag`, and restores backups. A failed resume leaves what it did not finish
- * paused and can be retried. */
+/* Maps memory back into the range of every paused allocation tagged `tag` (NULL: untagged),
+ * at the same addresses, and copies backups back. Inside a retaining scope the memory is
+ * assembled from idle handles first; new memory must pass the limit and the headroom.
+ *   VMM_ERR_INVALID_ARGUMENT  a tag never used, or nothing paused under it (nothing changes);
+ *   VMM_ERR_SCOPE_STATE       a backup is to be copied and the legacy stream, which the copy
+ *                             uses, would join a capture (nothing changes);
+ *   VMM_ERR_OUT_OF_MEMORY     new memory was refused, or host memory ran out (recoverable);
+ *   VMM_ERR_DRIVER            a driver call failed.
+ * A failure stops the call: what it resumed stays resumed, the rest stays paused, and calling
+ * again carries on (after a failed copy, only the copy is retried). */
 VMM_API vmm_status vmm_arena_resume(vmm_arena *arena, const char *tag);
 
 /* ---- Errors -------------------------------------------------------------------------- */
 
-/* Message of the arena's latest failure, with its numbers ("" if none). */
+/* Message of the arena's latest failure, from any thread, with its numbers: requested and
+ * rounded bytes, what was found and required, what the arena holds, the driver entry point
+ * and its CUresult name. "" if none; "no arena" for NULL. A success does not clear it. The
+ * text is a copy in a buffer of the calling thread, valid until its next call here. */
 VMM_API const char *vmm_arena_last_error(vmm_arena *arena);
-/* First fatal (non-OOM driver) error: returns its status and sets *message, or VMM_OK. */
+/* The first fatal error (a driver failure other than out-of-memory), kept across later
+ * failures: returns its status (VMM_ERR_DRIVER) and sets *message (if message is not NULL) to
+ * its text, valid until destroy; VMM_OK and "" if there was none. VMM_ERR_INVALID_ARGUMENT for
+ * a NULL arena, *message untouched. */
 VMM_API vmm_status vmm_arena_fatal_error(vmm_arena *arena, const char **message);
 
 /* ---- Tags ---------------------------------------------------------------------------- */
 
-/* Thread-local label for new allocations; nested. Strings are copied (interned). */
+/* Makes `tag` the label of this thread's new allocations, in every arena, until the matching
+ * vmm_tag_pop; pushes nest. NULL pushes "untagged". The text is copied once per process
+ * (interned) and kept. Cannot fail: without host memory the level counts as untagged. */
 VMM_API void vmm_tag_push(const char *tag);
+/* Ends the latest vmm_tag_push of this thread; a no-op with none. */
 VMM_API void vmm_tag_pop(void);
-/* Current tag of this thread, or NULL. */
+/* Current tag of this thread (the interned copy, kept for the process), or NULL for none. */
 VMM_API const char *vmm_tag_current(void);
 
 /* ---- Snapshot ------------------------------------------------------------------------ */
 
+/* Allocations of one kind by state: counts and full extents in bytes (retained: handles). */
 typedef struct vmm_kind_stats {
   uint64_t live_count, live_bytes;           /* allocations handed out and not freed */
   uint64_t pooled_count, pooled_bytes;       /* idle mappings in the pool, still mapped (transient) */
@@ -164,60 +303,76 @@ typedef struct vmm_kind_stats {
   uint64_t paused_count, paused_bytes;       /* paused allocations: VA kept, no physical memory */
 } vmm_kind_stats;
 
+/* Calls of one driver entry point, made by this arena. */
 typedef struct vmm_driver_stats {
   uint64_t calls;    /* calls made */
   uint64_t failures; /* calls that returned an error */
   uint64_t ns;       /* cumulative wall time in the call */
 } vmm_driver_stats;
 
+/* Whether a retention scope is active on the arena. */
 typedef enum vmm_scope_state { VMM_SCOPE_NONE, VMM_SCOPE_ACTIVE } vmm_scope_state;
 
+/* What an arena holds and has done, read at one moment under its lock. docs/snapshot.md maps
+ * each field to the JSON document, which adds the inventory, the buckets and the tags. */
 typedef struct vmm_snapshot {
-  int device;
+  int device;                      /* CUDA device ordinal */
   int integrated;                  /* device shares host memory */
-  int retention_enabled;           /* the resolved retention mode */
-  vmm_reuse_policy reuse;
-  double reuse_bound;
-  size_t granularity;
-  size_t headroom_bytes, limit_bytes;
+  int retention_enabled;           /* the resolved retention mode: a scope keeps freed memory */
+  vmm_reuse_policy reuse;          /* the reuse policy */
+  double reuse_bound;              /* F of bounded:F (1 for exact) */
+  size_t granularity;              /* allocation granularity; every extent is a multiple */
+  size_t headroom_bytes, limit_bytes; /* configured headroom and limit; 0 = none */
   vmm_kind_stats kind[VMM_KIND_COUNT];
   uint64_t physical_bytes, physical_peak_bytes; /* bytes of handles the arena holds */
   uint64_t mapped_bytes, mapped_peak_bytes;     /* bytes mapped into VA */
-  uint64_t reserved_va_bytes, reservations;
+  uint64_t reserved_va_bytes, reservations;     /* VA reserved, in how many reservations */
   uint64_t retained_reusable_handles;           /* idle handles, mapped (pooled) and unmapped */
   uint64_t retained_reusable_bytes;             /* their bytes */
-  uint64_t pool_buckets;
-  uint64_t pool_hits, pool_misses, pool_fallbacks;
+  uint64_t pool_buckets;                        /* distinct sizes in the pool */
+  uint64_t pool_hits, pool_misses, pool_fallbacks; /* transient allocations in a scope the policy
+                                                      served, found nothing for, and refused
+                                                      ones any pooled mapping served */
   uint64_t handle_bound_bytes;                  /* largest handle created inside a scope */
   uint64_t assemblies;                          /* allocations mapped from idle handles (+ new memory) */
   uint64_t padded_assemblies;                   /* of those, fallbacks that used a larger handle */
   uint64_t assembled_idle_handles;              /* idle handles mapped again by assemblies */
   uint64_t assembly_created_bytes;              /* new memory created to top assemblies up */
   uint64_t pooled_taken_apart;                  /* pooled mappings unmapped to serve assemblies */
-  uint64_t oom_refusals, limit_refusals, headroom_refusals;
-  uint64_t allocs, frees, deferred_frees;
-  vmm_scope_state scope_state;
-  uint64_t scopes_begun, scopes_finished, scopes_aborted;
-  vmm_driver_stats driver[VMM_DRV_ENTRY_COUNT];
+  uint64_t oom_refusals, limit_refusals, headroom_refusals; /* requests refused new memory by the
+                                                               driver, the limit, the headroom */
+  uint64_t allocs, frees, deferred_frees;       /* successful calls; frees deferred by a capture */
+  vmm_scope_state scope_state;                  /* a scope is active or not */
+  uint64_t scopes_begun, scopes_finished, scopes_aborted; /* scopes so far */
+  vmm_driver_stats driver[VMM_DRV_ENTRY_COUNT]; /* per entry point, by vmm_driver_entry */
   vmm_status fatal_status;                      /* VMM_OK if no fatal error */
 } vmm_snapshot;
 
+/* Fills *out with the arena's figures, read at one moment; no driver call.
+ * VMM_ERR_INVALID_ARGUMENT for a NULL out (nothing written). */
 VMM_API vmm_status vmm_arena_snapshot(vmm_arena *arena, vmm_snapshot *out);
-/* Writes the JSON snapshot (docs/snapshot.md) into buf, NUL-terminated. *needed (if non-NULL)
- * gets the size the whole document needs including the NUL; a buffer too small returns
- * VMM_ERR_INVALID_ARGUMENT and writes nothing useful. */
+/* Writes the JSON snapshot (docs/snapshot.md) into buf, NUL-terminated, and stores in *needed
+ * (if not NULL) the size the whole document needs, NUL included; buf NULL with cap 0 asks
+ * for the size only. No driver call.
+ *   VMM_ERR_INVALID_ARGUMENT  buf NULL with cap > 0, or cap smaller than needed: buf then holds
+ *                             a NUL-terminated prefix, not a document (ask again: the size
+ *                             grows when other threads allocate meanwhile);
+ *   VMM_ERR_OUT_OF_MEMORY     no host memory to list the mappings: the document has none. */
 VMM_API vmm_status vmm_arena_snapshot_json(vmm_arena *arena, char *buf, size_t cap, size_t *needed);
 
 /* ---- Invariants ---------------------------------------------------------------------- */
 
 /* Walks every structure (ranges disjoint and inside reservations, free list coalesced, pool
  * buckets non-empty and sorted, counters equal to a recount). Returns 0 if sound, otherwise
- * non-zero with a description in why. */
+ * -1 with a description in why (cap bytes, NUL-terminated; why may be NULL); -1 for a NULL
+ * arena. Changes nothing; no driver call. A failure is a bug of the library. */
 VMM_API int vmm_arena_check(vmm_arena *arena, char *why, size_t cap);
 
 /* ---- Trace --------------------------------------------------------------------------- */
 
-/* Starts (path non-NULL) or stops (NULL) the operation trace (docs/trace.md). */
+/* Stops the arena's operation trace (docs/trace.md), if any, and with a path starts a new one
+ * in that file (truncated). VMM_ERR_INVALID_ARGUMENT if the file cannot be opened: tracing
+ * is then off. */
 VMM_API vmm_status vmm_arena_trace(vmm_arena *arena, const char *path);
 
 #ifdef __cplusplus

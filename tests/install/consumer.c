@@ -1,6 +1,7 @@
-/* A program outside the tree, built against an installed vmmarena (tests/install/run builds it
- * once with find_package(vmmarena) and once with pkg-config, against the shared library). It
- * calls functions of each installed header and prints what it found:
+/* A program outside the tree, built against an installed vmmarena: the commands of README.md,
+ * "Using it from C", build it once with find_package(vmmarena) (tests/install/cmake) and once
+ * with pkg-config, against the shared library; tests/readme-check runs them. It calls
+ * functions of each installed header and prints what it found:
  *   vmmarena.h        vmm_status_name, vmm_parse_size, vmm_config_init
  *   vmmarena/driver.h vmm_driver_cuda, vmm_driver_entry_name
  *   vmmarena/trace.h  vmm_trace_format, vmm_trace_parse_line (a round trip)
