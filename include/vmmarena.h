@@ -298,7 +298,7 @@ VMM_API const char *vmm_tag_current(void);
 typedef struct vmm_kind_stats {
   uint64_t live_count, live_bytes;           /* allocations handed out and not freed */
   uint64_t pooled_count, pooled_bytes;       /* idle mappings in the pool, still mapped (transient) */
-  uint64_t retained_count, retained_bytes;   /* idle handles unmapped: reusable, released at finish */
+  uint64_t idle_count, idle_bytes;   /* idle handles unmapped: reusable, released at finish */
   uint64_t abandoned_count, abandoned_bytes; /* held by an aborted scope until destroy */
   uint64_t paused_count, paused_bytes;       /* paused allocations: VA kept, no physical memory */
 } vmm_kind_stats;

@@ -101,8 +101,8 @@ static vmm_status alloc_locked(vmm_arena *a, const vmm_request *req, vmm_mapping
   }
   char b[2][32];
   return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "%s; no pooled mapping fits (pool %zu mappings, %s; %zu idle handles, %s)",
-                  refusal, a->store.pool.count, vmm_fmt_bytes(a->store.pool.bytes, b[0]), a->store.unmapped_count,
-                  vmm_fmt_bytes(a->store.unmapped_bytes, b[1]));
+                  refusal, a->store.pool.count, vmm_fmt_bytes(a->store.pool.bytes, b[0]), a->store.idle_count,
+                  vmm_fmt_bytes(a->store.idle_bytes, b[1]));
 }
 
 vmm_status vmm_arena_alloc(vmm_arena *a, size_t bytes, vmm_kind kind, CUstream stream, void **out) {

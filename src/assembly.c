@@ -12,8 +12,8 @@
 
 typedef struct plan {
   vmm_handle **use;       /* handles to map, in address order: idle ones, then the new ones */
-  uint32_t n_use, n_idle; /* n_idle of them idle, n_unmapped of those from the unmapped tier */
-  uint32_t n_unmapped;
+  uint32_t n_use, n_idle; /* n_idle of them idle, n_idle_tier of those from the idle tier */
+  uint32_t n_idle_tier;
   vmm_mapping **apart;    /* pooled mappings to take apart */
   size_t n_apart;
   size_t covered;         /* bytes of the idle handles chosen */
@@ -67,10 +67,10 @@ static void plan_use(plan *p, vmm_handle *h, size_t *left) {
  * them (until the commit or the undo) they are counted back as retained (sign +1, then -1),
  * so that a refusal or a failure meanwhile describes what the arena holds. */
 static void count_plan(vmm_arena *a, const plan *p, int sign) {
-  for (uint32_t i = 0; i < p->n_unmapped; i++) {
+  for (uint32_t i = 0; i < p->n_idle_tier; i++) {
     vmm_kind_stats *k = &a->kind[p->use[i]->kind];
-    k->retained_count += (uint64_t)(int64_t)sign;
-    k->retained_bytes += (uint64_t)((int64_t)sign * (int64_t)p->use[i]->size);
+    k->idle_count += (uint64_t)(int64_t)sign;
+    k->idle_bytes += (uint64_t)((int64_t)sign * (int64_t)p->use[i]->size);
   }
 }
 
@@ -78,7 +78,7 @@ static void count_plan(vmm_arena *a, const plan *p, int sign) {
 static void plan_undo(vmm_arena *a, plan *p) {
   for (uint32_t i = 0; i < p->n_idle; i++) {
     p->use[i]->taken = false;
-    if (i < p->n_unmapped) vmm_idle_put(a, p->use[i]);
+    if (i < p->n_idle_tier) vmm_idle_put(a, p->use[i]);
   }
   for (size_t i = 0; i < p->n_apart; i++) p->apart[i]->chosen = false;
 }
@@ -91,7 +91,7 @@ static void plan_idle(vmm_arena *a, plan *p, size_t rounded, bool padded) {
   vmm_handle *h;
   while (left && (h = vmm_idle_take_at_most(a, left)) != NULL) plan_use(p, h, &left);
   if (left && padded && (h = vmm_idle_take_at_least(a, left)) != NULL) plan_use(p, h, &left);
-  p->n_unmapped = p->n_use;
+  p->n_idle_tier = p->n_use;
   vmm_mapping *m;
   while (left && (m = pick_apart(a, left, padded)) != NULL) {
     m->chosen = true;
@@ -226,7 +226,7 @@ static vmm_status plan_step(vmm_arena *a, assembly *x) {
     x->p.fresh = x->req->rounded;
     return VMM_OK;
   }
-  x->p.use = malloc((a->store.unmapped_count + a->store.pool.handles + 1) * sizeof *x->p.use);
+  x->p.use = malloc((a->store.idle_count + a->store.pool.handles + 1) * sizeof *x->p.use);
   x->p.apart = malloc((a->store.pool.count + 1) * sizeof *x->p.apart);
   if (!x->p.use || !x->p.apart) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for an assembly");
   plan_idle(a, &x->p, x->req->rounded, x->mode == VMM_ASSEMBLE_PADDED);

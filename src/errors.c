@@ -40,11 +40,11 @@ const char *vmm_fmt_bytes(uint64_t bytes, char buf[32]) {
 void vmm_describe_holdings(const vmm_arena *a, char *buf, size_t cap) {
   char t[6][32];
   const vmm_kind_stats *p = &a->kind[VMM_KIND_PACKAGE], *tr = &a->kind[VMM_KIND_TRANSIENT];
-  uint64_t retained = p->retained_bytes + tr->retained_bytes;
+  uint64_t idle = p->idle_bytes + tr->idle_bytes;
   uint64_t abandoned = p->abandoned_bytes + tr->abandoned_bytes;
-  snprintf(buf, cap, "arena holds %s live (package %s, transient %s), %s pooled, %s retained, %s abandoned",
+  snprintf(buf, cap, "arena holds %s live (package %s, transient %s), %s pooled, %s idle, %s abandoned",
            vmm_fmt_bytes(p->live_bytes + tr->live_bytes, t[0]), vmm_fmt_bytes(p->live_bytes, t[1]),
-           vmm_fmt_bytes(tr->live_bytes, t[2]), vmm_fmt_bytes(tr->pooled_bytes, t[3]), vmm_fmt_bytes(retained, t[4]),
+           vmm_fmt_bytes(tr->live_bytes, t[2]), vmm_fmt_bytes(tr->pooled_bytes, t[3]), vmm_fmt_bytes(idle, t[4]),
            vmm_fmt_bytes(abandoned, t[5]));
 }
 

@@ -82,9 +82,9 @@ typedef struct vmm_ranges {
 /* ---- Handles and mappings (mapping.c) ------------------------------------------------ */
 
 /* One physical allocation (cuMemCreate), always mapped whole. Outside a mapping it sits in the
- * idle store's unmapped tier (keyed by size) or on the abandoned list. */
+ * idle store's idle tier (keyed by size) or on the abandoned list. */
 typedef struct vmm_handle {
-  vmm_avl node;                    /* (size, serial) while in the unmapped tier */
+  vmm_avl node;                    /* (size, serial) while in the idle tier */
   CUmemGenericAllocationHandle h;
   size_t size;
   vmm_kind kind;                   /* the kind its bytes are counted under while idle */
@@ -230,8 +230,8 @@ typedef struct vmm_pool {
 /* Physical memory freed inside a scope: one store, indexed by size, in two tiers. */
 typedef struct vmm_store {
   vmm_pool pool;           /* mapped tier: a hit hands a mapping back with no driver call */
-  vmm_avl *unmapped;       /* unmapped tier: idle handles keyed by (size, serial) */
-  size_t unmapped_count, unmapped_bytes;
+  vmm_avl *idle;           /* idle tier: idle handles keyed by (size, serial) */
+  size_t idle_count, idle_bytes;
   uint64_t serial;
   vmm_handle *abandoned;   /* handles of aborted scopes: no driver call until destroy */
   size_t abandoned_count, abandoned_bytes;

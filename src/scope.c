@@ -92,7 +92,7 @@ static vmm_status release_idle(vmm_arena *a) {
     if (st != VMM_OK) {
       char cause[sizeof a->last_error];
       memcpy(cause, a->last_error, sizeof cause);
-      return vmm_fail(a, st, "finish: %s (%zu idle handles left)", cause, a->store.unmapped_count);
+      return vmm_fail(a, st, "finish: %s (%zu idle handles left)", cause, a->store.idle_count);
     }
   }
   return VMM_OK;

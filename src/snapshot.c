@@ -23,8 +23,8 @@ static void fill(const vmm_arena *a, vmm_snapshot *s) {
   s->mapped_peak_bytes = a->mapped_peak;
   s->reserved_va_bytes = a->ranges.reserved_bytes;
   s->reservations = a->ranges.reservation_count;
-  s->retained_reusable_handles = a->store.pool.handles + a->store.unmapped_count;
-  s->retained_reusable_bytes = a->store.pool.bytes + a->store.unmapped_bytes;
+  s->retained_reusable_handles = a->store.pool.handles + a->store.idle_count;
+  s->retained_reusable_bytes = a->store.pool.bytes + a->store.idle_bytes;
   s->pool_buckets = a->store.pool.buckets;
   s->pool_hits = a->pool_hits;
   s->pool_misses = a->pool_misses;
@@ -149,7 +149,7 @@ typedef struct field {
 static const field kind_fields[] = {
     FIELD(vmm_kind_stats, live_count),      FIELD(vmm_kind_stats, live_bytes),
     FIELD(vmm_kind_stats, pooled_count),    FIELD(vmm_kind_stats, pooled_bytes),
-    FIELD(vmm_kind_stats, retained_count),  FIELD(vmm_kind_stats, retained_bytes),
+    FIELD(vmm_kind_stats, idle_count),  FIELD(vmm_kind_stats, idle_bytes),
     FIELD(vmm_kind_stats, paused_count),    FIELD(vmm_kind_stats, paused_bytes),
     FIELD(vmm_kind_stats, abandoned_count), FIELD(vmm_kind_stats, abandoned_bytes),
 };
@@ -193,7 +193,7 @@ static const char *state_json(vmm_mapping_state s) {
 
 static void settings_json(jw *w, const vmm_arena *a, const vmm_snapshot *s) {
   static const char *const retain_modes[] = {"auto", "on", "off"};
-  printf_(w, "{\"schema\":\"vmmarena.snapshot\",\"version\":2,\"device\":%d,\"integrated\":%s,", s->device,
+  printf_(w, "{\"schema\":\"vmmarena.snapshot\",\"version\":3,\"device\":%d,\"integrated\":%s,", s->device,
           s->integrated ? "true" : "false");
   printf_(w, "\"retention\":{\"mode\":\"%s\",\"enabled\":%s},", retain_modes[a->cfg.retain],
           s->retention_enabled ? "true" : "false");
@@ -231,8 +231,8 @@ static const field assembly_fields[] = {
 static void pool_json(jw *w, const vmm_arena *a, const vmm_snapshot *s) {
   puts_(w, ",\"pool\":");
   FIELDS_JSON(w, s, reuse_fields, true, false);
-  kv_u64(w, "idle_unmapped_handles", a->store.unmapped_count, 1);
-  kv_u64(w, "idle_unmapped_bytes", a->store.unmapped_bytes, 1);
+  kv_u64(w, "idle_handles", a->store.idle_count, 1);
+  kv_u64(w, "idle_bytes", a->store.idle_bytes, 1);
   puts_(w, ",");
   FIELDS_JSON(w, s, assembly_fields, false, false);
   puts_(w, ",\"buckets\":[");

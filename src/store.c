@@ -2,7 +2,7 @@
  *  - mapped tier, the pool: idle transient mappings in size buckets (an AVL tree keyed by
  *    extent, each a LIFO list). No bucket in the tree is ever empty (see vmm_pool in
  *    internal.h); emptied buckets are kept on a spare list for the next push.
- *  - unmapped tier: idle handles in an AVL tree keyed by (size, serial).
+ *  - idle tier: idle handles in an AVL tree keyed by (size, serial).
  *  - the abandoned list: handles of aborted scopes, touched again only by destroy.
  * The store only files handles: it makes no driver call. */
 #include <stdlib.h>
@@ -138,35 +138,35 @@ void vmm_idle_put(vmm_arena *a, vmm_handle *h) {
   vmm_store *s = &a->store;
   h->node.k1 = h->size;
   if (!h->node.k2) h->node.k2 = ++s->serial; /* a handle put back by an undone assembly keeps its place */
-  s->unmapped = vmm_avl_insert(s->unmapped, &h->node);
-  s->unmapped_count++;
-  s->unmapped_bytes += h->size;
-  a->kind[h->kind].retained_count++;
-  a->kind[h->kind].retained_bytes += h->size;
+  s->idle = vmm_avl_insert(s->idle, &h->node);
+  s->idle_count++;
+  s->idle_bytes += h->size;
+  a->kind[h->kind].idle_count++;
+  a->kind[h->kind].idle_bytes += h->size;
 }
 
 void vmm_idle_remove(vmm_arena *a, vmm_handle *h) {
   vmm_store *s = &a->store;
-  s->unmapped = vmm_avl_remove(s->unmapped, h->node.k1, h->node.k2);
-  s->unmapped_count--;
-  s->unmapped_bytes -= h->size;
-  a->kind[h->kind].retained_count--;
-  a->kind[h->kind].retained_bytes -= h->size;
+  s->idle = vmm_avl_remove(s->idle, h->node.k1, h->node.k2);
+  s->idle_count--;
+  s->idle_bytes -= h->size;
+  a->kind[h->kind].idle_count--;
+  a->kind[h->kind].idle_bytes -= h->size;
 }
 
 vmm_handle *vmm_idle_take_at_most(vmm_arena *a, size_t most) {
-  vmm_handle *h = handle_of(vmm_avl_floor(a->store.unmapped, most, UINT64_MAX));
+  vmm_handle *h = handle_of(vmm_avl_floor(a->store.idle, most, UINT64_MAX));
   if (h) vmm_idle_remove(a, h);
   return h;
 }
 
 vmm_handle *vmm_idle_take_at_least(vmm_arena *a, size_t least) {
-  vmm_handle *h = handle_of(vmm_avl_ceil(a->store.unmapped, least, 0));
+  vmm_handle *h = handle_of(vmm_avl_ceil(a->store.idle, least, 0));
   if (h) vmm_idle_remove(a, h);
   return h;
 }
 
-vmm_handle *vmm_idle_largest(const vmm_arena *a) { return handle_of(vmm_avl_last(a->store.unmapped)); }
+vmm_handle *vmm_idle_largest(const vmm_arena *a) { return handle_of(vmm_avl_last(a->store.idle)); }
 
 void vmm_idle_abandon_all(vmm_arena *a) {
   vmm_store *s = &a->store;
@@ -199,8 +199,8 @@ static int check_idle(const vmm_avl *n, vmm_kind_stats *k, size_t *count, uint64
   const vmm_handle *h = vmm_container_of(n, vmm_handle, node);
   if (h->node.k1 != h->size || h->size == 0 || (unsigned)h->kind >= VMM_KIND_COUNT)
     return snprintf(why, cap, "idle handle of %zu bytes misfiled under %llu", h->size, (unsigned long long)h->node.k1), -1;
-  k[h->kind].retained_count++;
-  k[h->kind].retained_bytes += h->size;
+  k[h->kind].idle_count++;
+  k[h->kind].idle_bytes += h->size;
   *count += 1;
   *bytes += h->size;
   if (check_idle(n->left, k, count, bytes, why, cap)) return -1;
@@ -210,13 +210,13 @@ static int check_idle(const vmm_avl *n, vmm_kind_stats *k, size_t *count, uint64
 int vmm_store_check(const vmm_arena *a, vmm_kind_stats *k, uint64_t *physical, char *why, size_t cap) {
   const vmm_store *s = &a->store;
   if (vmm_pool_check(&s->pool, why, cap)) return -1;
-  if (vmm_avl_check(s->unmapped) < 0) return snprintf(why, cap, "idle handle tree unsorted or unbalanced"), -1;
+  if (vmm_avl_check(s->idle) < 0) return snprintf(why, cap, "idle handle tree unsorted or unbalanced"), -1;
   size_t count = 0;
   uint64_t bytes = 0;
-  if (check_idle(s->unmapped, k, &count, &bytes, why, cap)) return -1;
-  if (count != s->unmapped_count || bytes != s->unmapped_bytes)
-    return snprintf(why, cap, "idle handle totals %zu/%zu differ from recount %zu/%llu", s->unmapped_count,
-                    s->unmapped_bytes, count, (unsigned long long)bytes),
+  if (check_idle(s->idle, k, &count, &bytes, why, cap)) return -1;
+  if (count != s->idle_count || bytes != s->idle_bytes)
+    return snprintf(why, cap, "idle handle totals %zu/%zu differ from recount %zu/%llu", s->idle_count,
+                    s->idle_bytes, count, (unsigned long long)bytes),
            -1;
   *physical += bytes;
   count = 0, bytes = 0;

@@ -84,7 +84,7 @@ static void headroom_discrete_boundary(void **state) {
   snprintf(found, sizeof found, "device free memory 14.0 MiB (%zu B) < 4.0 MiB + headroom 10.0 MiB (%zu B required)",
            14 * MiB - 1, 14 * MiB);
   snprintf(holds, sizeof holds,
-           "arena holds 6.0 MiB live (package 2.0 MiB, transient 4.0 MiB), 0 B pooled, 0 B retained, 0 B abandoned");
+           "arena holds 6.0 MiB live (package 2.0 MiB, transient 4.0 MiB), 0 B pooled, 0 B idle, 0 B abandoned");
   const char *transient[] = {"transient 4.0 MiB refused", req(r, 3 * MiB, 4 * MiB), found, holds, NULL};
   vmm_snapshot s = expect_refusal(a, 3 * MiB, VMM_KIND_TRANSIENT, transient);
   assert_int_equal(s.headroom_refusals, 1);
@@ -266,7 +266,7 @@ static void limit_counts_retained_and_pooled(void **state) {
     void *tr = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, S);
     assert_int_equal(vmm_arena_free(a, pkg, S), VMM_OK); /* retained until finish */
     assert_int_equal(vmm_arena_free(a, tr, S), VMM_OK);  /* pooled */
-    const char *holds = "arena holds 0 B live (package 0 B, transient 0 B), 2.0 MiB pooled, 4.0 MiB retained";
+    const char *holds = "arena holds 0 B live (package 0 B, transient 0 B), 2.0 MiB pooled, 4.0 MiB idle";
     char r[96];
     vmm_snapshot s;
     if (!assembly) {
@@ -342,7 +342,7 @@ static void driver_out_of_memory_during_an_assembly(void **state) {
     assert_int_equal(vmm_retention_begin(a), VMM_OK);
     assert_int_equal(vmm_arena_free(a, idle, S), VMM_OK);
     char r[96], holds[160];
-    snprintf(holds, sizeof holds, "arena holds %s live (package %s, transient 0 B), 0 B pooled, %s retained",
+    snprintf(holds, sizeof holds, "arena holds %s live (package %s, transient 0 B), 0 B pooled, %s idle",
              several ? "4.0 MiB" : "2.0 MiB", several ? "4.0 MiB" : "2.0 MiB", several ? "4.0 MiB" : "6.0 MiB");
     const char *needles[] = {"transient 8.0 MiB refused", req(r, 8 * MiB, 8 * MiB),
                              several ? "device free 0 B of 8.0 MiB < 4.0 MiB of new memory in 2 handles"

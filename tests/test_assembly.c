@@ -51,7 +51,7 @@ static void make_idle(vmm_arena *a, const size_t *mib, CUmemGenericAllocationHan
   }
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   for (size_t i = 0; i < n; i++) assert_int_equal(vmm_arena_free(a, p[i], S1), VMM_OK);
-  assert_int_equal(a->store.unmapped_count, n);
+  assert_int_equal(a->store.idle_count, n);
 }
 
 /* The mapping at p has these handle sizes (MiB, 0-terminated), in address order, and the
@@ -177,8 +177,8 @@ static void newest_idle_handle_of_a_size_first(void **state) {
   vmm_mapping *m = mapping_of(a, p);
   assert_int_equal(m->handles[0]->h, h[2]);
   assert_int_equal(m->handles[1]->h, h[1]);
-  vmm_handle *left = vmm_container_of(a->store.unmapped, vmm_handle, node);
-  assert_int_equal(a->store.unmapped_count, 1);
+  vmm_handle *left = vmm_container_of(a->store.idle, vmm_handle, node);
+  assert_int_equal(a->store.idle_count, 1);
   assert_int_equal(left->h, h[0]);
   assert_int_equal(vmm_arena_free(a, p, S1), VMM_OK);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
@@ -223,7 +223,7 @@ static void package_assembly_exact_or_off(void **state) {
     assert_int_equal(vmm_arena_free(a, p, S1), VMM_OK);
     assert_int_equal(calls(from, VMM_DRV_mem_release), 0);
     /* Off: p's 14 MiB and the idle 2 MiB the transient left (its 8 + 4 are pooled with it). */
-    assert_int_equal(tu_snapshot(a).kind[VMM_KIND_PACKAGE].retained_bytes, on ? B(14) : B(16));
+    assert_int_equal(tu_snapshot(a).kind[VMM_KIND_PACKAGE].idle_bytes, on ? B(14) : B(16));
     assert_int_equal(vmm_retention_finish(a), VMM_OK);
     assert_int_equal(tu_snapshot(a).physical_bytes, 0);
     /* Outside a scope: one new handle whatever is configured. */
@@ -291,7 +291,7 @@ static void never_padded(void **state) {
 }
 
 /* The padded fallback takes the largest idle handles that fit, then the smallest larger one
- * (from the unmapped tier, or left in a pooled mapping taken apart); it creates nothing. */
+ * (from the idle tier, or left in a pooled mapping taken apart); it creates nothing. */
 static void padded_fallback_after_a_refusal(void **state) {
   (void)state;
   /* Idle 8, 4 and 16 MiB, all the limit allows: 14 MiB is 8 + 4, then the 16 MiB handle for
@@ -456,8 +456,8 @@ static void tightest_pooled_mapping_first(void **state) {
   vmm_snapshot s = tu_snapshot(a);
   assert_int_equal(s.pooled_taken_apart, 2);
   assert_int_equal(s.assembled_idle_handles, 3);
-  assert_int_equal(s.kind[VMM_KIND_TRANSIENT].retained_count, 2);
-  assert_int_equal(s.kind[VMM_KIND_TRANSIENT].retained_bytes, B(8));
+  assert_int_equal(s.kind[VMM_KIND_TRANSIENT].idle_count, 2);
+  assert_int_equal(s.kind[VMM_KIND_TRANSIENT].idle_bytes, B(8));
   assert_int_equal(s.kind[VMM_KIND_TRANSIENT].pooled_bytes, B(16));
   assert_int_equal(s.retained_reusable_bytes, B(24));
   tu_check(a);

@@ -280,7 +280,7 @@ static void test_pool(void **state) {
   tu_destroy(a);
 }
 
-/* The in-order list of the unmapped tier's handles. */
+/* The in-order list of the idle tier's handles. */
 static size_t idle_handles(vmm_avl *n, vmm_handle **out, size_t i) {
   if (!n) return i;
   i = idle_handles(n->left, out, i);
@@ -288,7 +288,7 @@ static size_t idle_handles(vmm_avl *n, vmm_handle **out, size_t i) {
   return idle_handles(n->right, out, i);
 }
 
-/* The store's unmapped tier, the handles of an assembled mapping and the abandoned list.
+/* The store's idle tier, the handles of an assembled mapping and the abandoned list.
  * Packages of 2, 4 and 6 MiB made before the scope (one handle each) are freed inside it:
  * three idle handles keyed by size, the 4 MiB one at the root. */
 static void test_store(void **state) {
@@ -299,12 +299,12 @@ static void test_store(void **state) {
   for (int i = 0; i < 3; i++) p[i] = tu_alloc(a, (size_t)(i + 1) * 2 * MiB, VMM_KIND_PACKAGE, TU_STREAM(0));
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   for (int i = 0; i < 3; i++) assert_int_equal(vmm_arena_free(a, p[i], TU_STREAM(0)), VMM_OK);
-  assert_int_equal(a->store.unmapped_count, 3);
-  assert_int_equal(a->store.unmapped_bytes, 12 * MiB);
+  assert_int_equal(a->store.idle_count, 3);
+  assert_int_equal(a->store.idle_bytes, 12 * MiB);
   tu_check(a);
   vmm_handle *h[3];
-  assert_int_equal(idle_handles(a->store.unmapped, h, 0), 3);
-  assert_ptr_equal(a->store.unmapped, &h[1]->node);
+  assert_int_equal(idle_handles(a->store.idle, h, 0), 3);
+  assert_ptr_equal(a->store.idle, &h[1]->node);
   assert_int_equal(h[0]->size, 2 * MiB);
 
   /* Misfiled: a size that is not its key, no size, an unknown kind. */
@@ -320,26 +320,26 @@ static void test_store(void **state) {
   h[2]->kind = VMM_KIND_TRANSIENT;
   expect_broken(a, "per-kind counters differ from a recount");
   h[2]->kind = VMM_KIND_PACKAGE;
-  a->kind[VMM_KIND_PACKAGE].retained_bytes += g;
+  a->kind[VMM_KIND_PACKAGE].idle_bytes += g;
   expect_broken(a, "per-kind counters differ");
-  a->kind[VMM_KIND_PACKAGE].retained_bytes -= g;
+  a->kind[VMM_KIND_PACKAGE].idle_bytes -= g;
 
   /* Out of order: the smallest handle (the left leaf) grows past the largest, key and all. */
   h[0]->size = h[0]->node.k1 = 8 * MiB;
   expect_broken(a, "idle handle tree unsorted or unbalanced");
   h[0]->size = h[0]->node.k1 = 2 * MiB;
-  int height = a->store.unmapped->height;
-  a->store.unmapped->height = height + 2;
+  int height = a->store.idle->height;
+  a->store.idle->height = height + 2;
   expect_broken(a, "idle handle tree unsorted or unbalanced");
-  a->store.unmapped->height = height;
+  a->store.idle->height = height;
 
   /* Totals that differ from the recount. */
-  a->store.unmapped_count++;
+  a->store.idle_count++;
   expect_broken(a, "idle handle totals 4/12582912 differ from recount 3/12582912");
-  a->store.unmapped_count--;
-  a->store.unmapped_bytes -= g;
+  a->store.idle_count--;
+  a->store.idle_bytes -= g;
   expect_broken(a, "idle handle totals 3/10485760 differ");
-  a->store.unmapped_bytes += g;
+  a->store.idle_bytes += g;
   /* Bytes held in the tier but missing from the arena's physical total. */
   a->physical_bytes -= g;
   expect_broken(a, "byte counters differ");
@@ -352,7 +352,7 @@ static void test_store(void **state) {
   assert_int_equal(m->handle_count, 3);
   assert_int_equal(m->handles[0]->size, 6 * MiB);
   assert_int_equal(m->handles[2]->size, 2 * MiB);
-  assert_int_equal(a->store.unmapped_count, 0);
+  assert_int_equal(a->store.idle_count, 0);
   tu_check(a);
   m->handles[1]->size -= g;
   expect_broken(a, "handles (3) sum 10485760 != extent 12582912");
@@ -374,10 +374,10 @@ static void test_store(void **state) {
   /* Aborted: the pooled mapping and an idle handle (a package freed in the scope) are
    * abandoned, the handle on the abandoned list. */
   assert_int_equal(vmm_arena_free(a, r, TU_STREAM(0)), VMM_OK);
-  assert_int_equal(a->store.unmapped_count, 1);
+  assert_int_equal(a->store.idle_count, 1);
   assert_int_equal(vmm_retention_abort(a), VMM_OK);
   assert_int_equal(a->store.abandoned_count, 1);
-  assert_int_equal(a->store.unmapped_count, 0);
+  assert_int_equal(a->store.idle_count, 0);
   tu_check(a);
   a->store.abandoned_count++;
   expect_broken(a, "abandoned handle totals 2/2097152 differ from recount 1/2097152");

@@ -97,7 +97,7 @@ static void alloc_free_outside_scope(void **state) {
   for (int k = 0; k < VMM_KIND_COUNT; k++) {
     assert_int_equal(s.kind[k].live_count, 0);
     assert_int_equal(s.kind[k].pooled_count, 0);
-    assert_int_equal(s.kind[k].retained_count, 0);
+    assert_int_equal(s.kind[k].idle_count, 0);
   }
   assert_int_equal(s.physical_bytes, 0);
   assert_int_equal(s.physical_peak_bytes, 6 * MiB);
@@ -650,7 +650,7 @@ static unsigned free_fault_sweep(free_setup setup, vmm_kind kind, CUresult code,
     } else {
       /* Unmapped, but the release failed: the handle waits on the retained list. */
       assert_int_equal(after.kind[kind].live_count, before.kind[kind].live_count - 1);
-      assert_int_equal(after.kind[kind].retained_count, before.kind[kind].retained_count + 1);
+      assert_int_equal(after.kind[kind].idle_count, before.kind[kind].idle_count + 1);
       if (mode == FAULT_ONCE) assert_int_equal(f.entry, VMM_DRV_mem_release);
     }
     tu_check(a);

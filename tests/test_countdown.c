@@ -150,7 +150,7 @@ static void add_buckets(text *t, const vmm_avl *n) {
 }
 
 /* Everything an allocation could take or leave behind: counters, every mapping with its
- * handles, the pool's buckets in order, the unmapped tier in order (with each handle's place
+ * handles, the pool's buckets in order, the idle tier in order (with each handle's place
  * in it), the abandoned and deferred lists, and the handles kept mapped by a failed undo. Not
  * the peaks, the failure counters, or the VA reserved (a reservation made for a request that
  * then failed is kept for the next one). */
@@ -164,8 +164,8 @@ static void describe(vmm_arena *a, text *t) {
     const vmm_kind_stats *ks = &a->kind[k];
     add(t, "kind %d: live %llu/%llu pooled %llu/%llu retained %llu/%llu abandoned %llu/%llu\n", k,
         (unsigned long long)ks->live_count, (unsigned long long)ks->live_bytes, (unsigned long long)ks->pooled_count,
-        (unsigned long long)ks->pooled_bytes, (unsigned long long)ks->retained_count,
-        (unsigned long long)ks->retained_bytes, (unsigned long long)ks->abandoned_count,
+        (unsigned long long)ks->pooled_bytes, (unsigned long long)ks->idle_count,
+        (unsigned long long)ks->idle_bytes, (unsigned long long)ks->abandoned_count,
         (unsigned long long)ks->abandoned_bytes);
   }
   vmm_mapping **list = malloc((a->table.count + 1) * sizeof *list), *m;
@@ -183,8 +183,8 @@ static void describe(vmm_arena *a, text *t) {
   add(t, "pool %zu/%zu/%zu/%zu:", a->store.pool.buckets, a->store.pool.count, a->store.pool.bytes,
       a->store.pool.handles);
   add_buckets(t, a->store.pool.root);
-  add(t, "\nidle %zu/%zu:", a->store.unmapped_count, a->store.unmapped_bytes);
-  add_idle(t, a->store.unmapped);
+  add(t, "\nidle %zu/%zu:", a->store.idle_count, a->store.idle_bytes);
+  add_idle(t, a->store.idle);
   add(t, "\nabandoned %zu/%zu:", a->store.abandoned_count, a->store.abandoned_bytes);
   for (const vmm_handle *h = a->store.abandoned; h; h = h->next) add(t, " %llx", (unsigned long long)h->h);
   add(t, "\ndeferred:");
@@ -356,7 +356,7 @@ static void scenario(void) {
   free_step(a, 0, &t3, S2, "free t3 into the pool");
   /* A package free inside the scope unmaps and keeps the handle idle until finish. */
   free_step(a, 0, &p1, S1, "free package in scope");
-  if (faultless) assert_int_equal(tu_snapshot(a).kind[VMM_KIND_PACKAGE].retained_count, 1);
+  if (faultless) assert_int_equal(tu_snapshot(a).kind[VMM_KIND_PACKAGE].idle_count, 1);
   /* 26 MiB: the idle 6 MiB handle, t3 and t2 taken apart (waiting for S2 and S1), and 4 MiB
    * created (22 MiB held of 36, 2 MiB headroom). */
   void *t4 = alloc_step(a, 0, 26 * MiB, VMM_KIND_TRANSIENT, S1, VMM_OK, "transient 26 MiB (assembled, topped up)");
@@ -384,7 +384,7 @@ static void scenario(void) {
     assert_int_equal(s.deferred_frees, 1);
     assert_int_equal(s.assemblies, 2);
     assert_int_equal(s.pooled_taken_apart, 3);
-    assert_int_equal(s.kind[VMM_KIND_TRANSIENT].retained_count, 10); /* t4's other handles */
+    assert_int_equal(s.kind[VMM_KIND_TRANSIENT].idle_count, 10); /* t4's other handles */
   }
   fake_set_capturing(S3, 0);
   expect(a, 0, vmm_arena_quiesce(a), VMM_OK, 0, "quiesce");
@@ -568,7 +568,7 @@ static vmm_arena *arena_with_everything(void) {
   vmm_snapshot s = tu_snapshot(a);
   assert_int_equal(s.assemblies, 1);
   assert_int_equal(s.kind[VMM_KIND_TRANSIENT].pooled_bytes, 8 * MiB);
-  assert_int_equal(s.kind[VMM_KIND_PACKAGE].retained_bytes, 2 * MiB);
+  assert_int_equal(s.kind[VMM_KIND_PACKAGE].idle_bytes, 2 * MiB);
   assert_int_equal(s.kind[VMM_KIND_TRANSIENT].abandoned_bytes + s.kind[VMM_KIND_PACKAGE].abandoned_bytes, 4 * MiB);
   tu_check(a);
   return a;

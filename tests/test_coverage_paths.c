@@ -99,7 +99,7 @@ static void test_describe_holdings(void **state) {
   void *tr = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, TU_STREAM(0));
   char buf[200];
   vmm_describe_holdings(a, buf, sizeof buf);
-  assert_string_equal(buf, "arena holds 6.0 MiB live (package 4.0 MiB, transient 2.0 MiB), 0 B pooled, 0 B retained, "
+  assert_string_equal(buf, "arena holds 6.0 MiB live (package 4.0 MiB, transient 2.0 MiB), 0 B pooled, 0 B idle, "
                            "0 B abandoned");
   assert_int_equal(vmm_arena_free(a, pkg, TU_STREAM(0)), VMM_OK);
   assert_int_equal(vmm_arena_free(a, tr, TU_STREAM(0)), VMM_OK);

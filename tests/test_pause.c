@@ -110,7 +110,7 @@ static void pause_resume_table(void **state) {
     if (pc->in_scope) { /* the handles became idle: nothing released before finish */
       assert_int_equal(live_handle_bytes(), handles_before);
       assert_int_equal(paused.physical_bytes, before.physical_bytes);
-      assert_int_equal(paused.kind[pc->kind].retained_bytes, before.kind[pc->kind].retained_bytes + total);
+      assert_int_equal(paused.kind[pc->kind].idle_bytes, before.kind[pc->kind].idle_bytes + total);
     } else {
       assert_int_equal(live_handle_bytes(), handles_before - total);
       assert_int_equal(paused.physical_bytes, before.physical_bytes - total);
@@ -128,7 +128,7 @@ static void pause_resume_table(void **state) {
     }
     if (pc->in_scope) { /* resumed from the idle handles the pause left: no new memory */
       assert_int_equal(resumed.physical_bytes, before.physical_bytes);
-      assert_int_equal(resumed.kind[pc->kind].retained_bytes, before.kind[pc->kind].retained_bytes);
+      assert_int_equal(resumed.kind[pc->kind].idle_bytes, before.kind[pc->kind].idle_bytes);
       assert_int_equal(vmm_retention_finish(a), VMM_OK);
     }
     for (size_t i = 0; i < n; i++) assert_int_equal(vmm_arena_free(a, p[i], S1), VMM_OK);

@@ -25,7 +25,7 @@
  * whole: its status (every refusal), the records it pauses, the handles that become idle
  * inside a retaining scope or the memory released outside one. A free of a paused allocation
  * makes no driver call. A resume is checked, not planned (see op_resume), and the model then
- * adopts the arena's state. Every 256 steps it also compares its unmapped tier, handle by
+ * adopts the arena's state. Every 256 steps it also compares its idle tier, handle by
  * handle, with the arena's. After a step a fault disturbed, the model checks what must still hold
  * (allowed statuses, the fatal-error rules) and then adopts the arena's state (internal.h)
  * so that it can predict again. After every step: no two mapped ranges overlap,
@@ -56,7 +56,7 @@
 #define G (2 * MiB)             /* the fake's granularity */
 #define MAX_GRANULES 2048       /* no handle is larger than the largest limit (4 GiB): a resume outside
                                  * a scope maps one handle of a whole extent, padding and all */
-#define DEEP_CHECK_EVERY 256    /* steps between comparisons of the unmapped tier */
+#define DEEP_CHECK_EVERY 256    /* steps between comparisons of the idle tier */
 
 /* ---- Random numbers (splitmix64) ----------------------------------------------------- */
 
@@ -311,7 +311,7 @@ static void pool_remove(model *m, mrec *r) {
 
 static uint64_t pool_count(const model *m) { return m->kind[VMM_KIND_TRANSIENT].pooled_count; }
 
-/* ---- The unmapped tier ----------------------------------------------------------------- */
+/* ---- The idle tier ----------------------------------------------------------------- */
 
 static void idle_push(model *m, size_t size, vmm_kind kind, uint64_t serial) {
   EXPECT(size && size % G == 0 && size / G <= MAX_GRANULES);
@@ -321,8 +321,8 @@ static void idle_push(model *m, size_t size, vmm_kind kind, uint64_t serial) {
   st->e[st->n++] = (idle_entry){serial, kind};
   m->idle_n++;
   m->idle_bytes += size;
-  m->kind[kind].retained_count++;
-  m->kind[kind].retained_bytes += size;
+  m->kind[kind].idle_count++;
+  m->kind[kind].idle_bytes += size;
 }
 
 /* A handle that becomes idle now: the newest of its size. */
@@ -337,14 +337,14 @@ static void idle_take(model *m, size_t g, int oldest) {
   st->n--;
   m->idle_n--;
   m->idle_bytes -= g * G;
-  m->kind[e.kind].retained_count--;
-  m->kind[e.kind].retained_bytes -= g * G;
+  m->kind[e.kind].idle_count--;
+  m->kind[e.kind].idle_bytes -= g * G;
 }
 
 static void idle_clear(model *m) {
   for (size_t g = 0; g <= MAX_GRANULES; g++) m->idle[g].n = 0;
   m->idle_n = m->idle_bytes = 0;
-  for (int k = 0; k < VMM_KIND_COUNT; k++) m->kind[k].retained_count = m->kind[k].retained_bytes = 0;
+  for (int k = 0; k < VMM_KIND_COUNT; k++) m->kind[k].idle_count = m->kind[k].idle_bytes = 0;
 }
 
 /* ---- Scopes and records ----------------------------------------------------------------- */
@@ -410,10 +410,10 @@ static size_t model_bound(const model *m, size_t fresh) {
 /* ---- Assembly, as the model plans it ---------------------------------------------------- */
 
 typedef struct mplan {
-  size_t top[MAX_GRANULES + 1]; /* newest handles of each size taken from the unmapped tier */
+  size_t top[MAX_GRANULES + 1]; /* newest handles of each size taken from the idle tier */
   size_t oldest;                /* granules of the one oldest handle taken (padded), or 0 */
   size_t *use;                  /* the idle handles' sizes in the order they are mapped */
-  size_t n_use, n_unmapped;
+  size_t n_use, n_idle_tier;
   mrec **apart;
   size_t n_apart;
   size_t covered, fresh;
@@ -471,7 +471,7 @@ static void plan(model *m, mplan *p, size_t rounded, int padded) {
         break;
       }
   }
-  p->n_unmapped = p->n_use;
+  p->n_idle_tier = p->n_use;
   mrec *x;
   while (left && (x = pick_apart(m, left, padded)) != NULL) {
     x->chosen = 1;
@@ -517,7 +517,7 @@ static size_t cut(const model *m, size_t fresh, int whole, size_t *out) {
 
 /* Carries out a planned assembly (or a single new handle, p == NULL) for an allocation the
  * arena served at `got`: the idle handles used leave the store, the mappings taken apart
- * give their other handles to the unmapped tier, and the new mapping's handles must be the
+ * give their other handles to the idle tier, and the new mapping's handles must be the
  * ones planned, in order. */
 static mrec *assemble(model *m, mplan *p, CUdeviceptr got, vmm_kind kind, size_t rounded, int padded,
                       vmm_arena *a) {
@@ -637,7 +637,7 @@ static void adopt(model *m, vmm_arena *a, const vmm_snapshot *s) {
     }
   }
   adopt_buckets(m, a->store.pool.root);
-  adopt_idle(m, a->store.unmapped);
+  adopt_idle(m, a->store.idle);
   m->serial = a->store.serial;
   memcpy(m->kind, s->kind, sizeof m->kind);
   m->physical = s->physical_bytes;
@@ -691,8 +691,8 @@ static void check_predicted(const model *m, const vmm_snapshot *s) {
     EXPECT_EQ(got->live_bytes, want->live_bytes);
     EXPECT_EQ(got->pooled_count, want->pooled_count);
     EXPECT_EQ(got->pooled_bytes, want->pooled_bytes);
-    EXPECT_EQ(got->retained_count, want->retained_count);
-    EXPECT_EQ(got->retained_bytes, want->retained_bytes);
+    EXPECT_EQ(got->idle_count, want->idle_count);
+    EXPECT_EQ(got->idle_bytes, want->idle_bytes);
     EXPECT_EQ(got->abandoned_count, want->abandoned_count);
     EXPECT_EQ(got->abandoned_bytes, want->abandoned_bytes);
     EXPECT_EQ(got->paused_count, want->paused_count);
@@ -742,11 +742,11 @@ static void check_tags(const model *m, const vmm_arena *a) {
   }
 }
 
-/* The unmapped tier, handle by handle: size, kind and place (by size, then age). */
+/* The idle tier, handle by handle: size, kind and place (by size, then age). */
 static void check_idle_deep(const model *m, const vmm_arena *a) {
   const vmm_avl *stack[128];
   size_t depth = 0, g = 1, k = 0, seen = 0;
-  const vmm_avl *n = a->store.unmapped;
+  const vmm_avl *n = a->store.idle;
   while (n || depth) {
     while (n) {
       EXPECT(depth < 128);
@@ -1257,7 +1257,7 @@ static vmm_status op_finish(run *r) {
     return st;
   }
   EXPECT_EQ(st, VMM_OK);
-  while (m->bucket_n) { /* drained into the unmapped tier, then released with it */
+  while (m->bucket_n) { /* drained into the idle tier, then released with it */
     mrec *x = m->buckets[m->bucket_n - 1].head;
     pool_remove(m, x);
     mapped_remove(m, x);
@@ -1292,8 +1292,8 @@ static vmm_status op_abort(run *r) {
     stat(m, x, +1);
   }
   for (int k = 0; k < VMM_KIND_COUNT; k++) {
-    m->kind[k].abandoned_count += m->kind[k].retained_count;
-    m->kind[k].abandoned_bytes += m->kind[k].retained_bytes;
+    m->kind[k].abandoned_count += m->kind[k].idle_count;
+    m->kind[k].abandoned_bytes += m->kind[k].idle_bytes;
   }
   idle_clear(m);
   m->aborted_ids = grow(m->aborted_ids, &m->aborted_cap, m->aborted_n + 1, sizeof *m->aborted_ids);
@@ -1535,7 +1535,7 @@ static void random_operations(void **state) {
   model_free(&r.m);
   printf("test_random: %llu arenas, %llu scopes finished, %llu aborted; %llu pool hits, %llu fallbacks, %llu "
          "assemblies (%llu padded), %llu out-of-memory results, %llu bad calls; %llu faults fired, %llu disturbed "
-         "steps; %llu deep checks of the unmapped tier\n",
+         "steps; %llu deep checks of the idle tier\n",
          (unsigned long long)r.arenas, (unsigned long long)r.finishes, (unsigned long long)r.aborts,
          (unsigned long long)r.hits, (unsigned long long)r.fallbacks, (unsigned long long)r.assemblies,
          (unsigned long long)r.padded, (unsigned long long)r.ooms, (unsigned long long)r.bad_calls,

@@ -89,7 +89,7 @@ typedef struct arena_view {
   size_t retained_size[MAX_VIEW];
   uint64_t retained_key[MAX_VIEW];            /* the serial that orders handles of one size */
   vmm_kind retained_kind[MAX_VIEW];
-  size_t retained_count;
+  size_t idle_count;
 } arena_view;
 
 /* Largest bucket first, each bucket from its head: the order finish drains in. */
@@ -118,11 +118,11 @@ static void view_idle(const vmm_avl *n, arena_view *v) {
   if (!n) return;
   view_idle(n->left, v);
   const vmm_handle *h = vmm_container_of(n, vmm_handle, node);
-  assert_true(v->retained_count < MAX_VIEW);
-  v->retained[v->retained_count] = h->h;
-  v->retained_size[v->retained_count] = h->size;
-  v->retained_key[v->retained_count] = h->node.k2;
-  v->retained_kind[v->retained_count++] = h->kind;
+  assert_true(v->idle_count < MAX_VIEW);
+  v->retained[v->idle_count] = h->h;
+  v->retained_size[v->idle_count] = h->size;
+  v->retained_key[v->idle_count] = h->node.k2;
+  v->retained_kind[v->idle_count++] = h->kind;
   view_idle(n->right, v);
 }
 
@@ -138,8 +138,8 @@ static arena_view view(vmm_arena *a) {
   view_drain(a->store.pool.root, &v);
   view_free(a->ranges.by_addr, &v);
   v.free_bytes = a->ranges.free_bytes;
-  view_idle(a->store.unmapped, &v);
-  assert_int_equal(v.retained_count, a->store.unmapped_count);
+  view_idle(a->store.idle, &v);
+  assert_int_equal(v.idle_count, a->store.idle_count);
   return v;
 }
 
@@ -157,8 +157,8 @@ static void assert_views_equal(const arena_view *x, const arena_view *y) {
     assert_int_equal(x->free_base[i], y->free_base[i]);
     assert_int_equal(x->free_size[i], y->free_size[i]);
   }
-  assert_int_equal(x->retained_count, y->retained_count);
-  for (size_t i = 0; i < x->retained_count; i++) {
+  assert_int_equal(x->idle_count, y->idle_count);
+  for (size_t i = 0; i < x->idle_count; i++) {
     assert_int_equal(x->retained[i], y->retained[i]);
     assert_int_equal(x->retained_size[i], y->retained_size[i]);
     assert_int_equal(x->retained_key[i], y->retained_key[i]);
@@ -326,7 +326,7 @@ static void finish_drains_pool_shapes(void **state) {
     assert_int_equal(l.errors, 0);
     vmm_snapshot s = tu_snapshot(a);
     assert_int_equal(s.retained_reusable_handles, 0);
-    assert_int_equal(s.kind[VMM_KIND_TRANSIENT].retained_count, 0);
+    assert_int_equal(s.kind[VMM_KIND_TRANSIENT].idle_count, 0);
     assert_int_equal(s.physical_bytes, taken ? shape->take : 0);
     tu_check(a);
     if (taken) {
@@ -411,10 +411,10 @@ static void finish_second_unmap_fails_then_resumes(void **state) {
     y_free += after.free_base[i] <= dp(y) && dp(y) + 8 * MiB <= after.free_base[i] + after.free_size[i];
   assert_int_equal(y_free, 1);
   /* y's four handles joined the idle ones, after those already there (one size, newer). */
-  assert_int_equal(before.retained_count, 3);
-  assert_int_equal(after.retained_count, before.retained_count + 4);
-  for (size_t i = 0; i < before.retained_count; i++) assert_int_equal(after.retained[i], before.retained[i]);
-  for (size_t i = 0; i < 4; i++) assert_int_equal(after.retained[before.retained_count + i], hy[i]);
+  assert_int_equal(before.idle_count, 3);
+  assert_int_equal(after.idle_count, before.idle_count + 4);
+  for (size_t i = 0; i < before.idle_count; i++) assert_int_equal(after.retained[i], before.retained[i]);
+  for (size_t i = 0; i < 4; i++) assert_int_equal(after.retained[before.idle_count + i], hy[i]);
   assert_int_equal(fake_mapped_size_at(dp(y)), 0);
   assert_int_equal(fake_mapped_size_at(dp(x2)), 2 * MiB);
   assert_int_equal(fake_mapped_size_at(dp(x1)), 2 * MiB);
@@ -489,8 +489,8 @@ static void abort_makes_no_driver_call(void **state) {
   assert_int_equal(t->abandoned_bytes, 18 * MiB);
   assert_int_equal(p->abandoned_count, 6); /* pkg's mapping and the five idle handles of `retained` */
   assert_int_equal(p->abandoned_bytes, 22 * MiB);
-  assert_int_equal(t->live_count + t->pooled_count + t->retained_count, 0);
-  assert_int_equal(p->live_count + p->retained_count, 0);
+  assert_int_equal(t->live_count + t->pooled_count + t->idle_count, 0);
+  assert_int_equal(p->live_count + p->idle_count, 0);
   assert_int_equal(s.retained_reusable_handles, 0);
   assert_int_equal(s.physical_bytes, 40 * MiB);
   assert_int_equal(s.scope_state, VMM_SCOPE_NONE);
@@ -516,10 +516,10 @@ static void package_free_in_scope_defers_release(void **state) {
   assert_int_equal(fake_call_at(unmap)->a0, dp(p));
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_release), 0);
   vmm_snapshot s = tu_snapshot(a);
-  assert_int_equal(s.kind[VMM_KIND_PACKAGE].retained_count, 3);
-  assert_int_equal(s.kind[VMM_KIND_PACKAGE].retained_bytes, 6 * MiB);
+  assert_int_equal(s.kind[VMM_KIND_PACKAGE].idle_count, 3);
+  assert_int_equal(s.kind[VMM_KIND_PACKAGE].idle_bytes, 6 * MiB);
   assert_int_equal(s.kind[VMM_KIND_PACKAGE].live_count, 0);
-  assert_int_equal(s.pool_buckets, 0); /* never pooled, but reusable: idle unmapped handles */
+  assert_int_equal(s.pool_buckets, 0); /* never pooled, but reusable: idle handles */
   assert_int_equal(s.retained_reusable_handles, 3);
   assert_int_equal(s.retained_reusable_bytes, 6 * MiB);
   assert_int_equal(s.physical_bytes, 6 * MiB);
@@ -529,7 +529,7 @@ static void package_free_in_scope_defers_release(void **state) {
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_release), 3);
   assert_int_equal(ledger().live_handles, 0);
-  assert_int_equal(tu_snapshot(a).kind[VMM_KIND_PACKAGE].retained_count, 0);
+  assert_int_equal(tu_snapshot(a).kind[VMM_KIND_PACKAGE].idle_count, 0);
   tu_destroy(a);
 }
 
@@ -619,7 +619,7 @@ static void retention_off_is_bookkeeping(void **state) {
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_release), 2);
   vmm_snapshot s = tu_snapshot(a);
   assert_int_equal(s.retained_reusable_handles, 0);
-  assert_int_equal(s.kind[VMM_KIND_PACKAGE].retained_count, 0);
+  assert_int_equal(s.kind[VMM_KIND_PACKAGE].idle_count, 0);
   assert_int_equal(s.physical_bytes, 0);
   size_t creates = ledger().calls_by_entry[VMM_DRV_mem_create];
   free_ok(a, transient(a, 4 * MiB), S1);

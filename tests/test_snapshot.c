@@ -167,7 +167,7 @@ static const char *const kinds[] = {"package", "transient"};
  * lists agree with its figures. */
 static void assert_doc_matches(const json_t *d, const vmm_snapshot *s, vmm_arena *a) {
   assert_string_at(d, "schema", "vmmarena.snapshot");
-  assert_int_equal(u64(d, "version"), 2);
+  assert_int_equal(u64(d, "version"), 3);
   assert_int_equal(u64(d, "device"), (uint64_t)s->device);
   assert_int_equal(flag_at(d, "integrated"), s->integrated);
   assert_int_equal(flag_at(d, "retention.enabled"), s->retention_enabled);
@@ -185,8 +185,8 @@ static void assert_doc_matches(const json_t *d, const vmm_snapshot *s, vmm_arena
     assert_int_equal(u64f(d, "kinds.%s.live_bytes", kinds[k]), ks->live_bytes);
     assert_int_equal(u64f(d, "kinds.%s.pooled_count", kinds[k]), ks->pooled_count);
     assert_int_equal(u64f(d, "kinds.%s.pooled_bytes", kinds[k]), ks->pooled_bytes);
-    assert_int_equal(u64f(d, "kinds.%s.retained_count", kinds[k]), ks->retained_count);
-    assert_int_equal(u64f(d, "kinds.%s.retained_bytes", kinds[k]), ks->retained_bytes);
+    assert_int_equal(u64f(d, "kinds.%s.idle_count", kinds[k]), ks->idle_count);
+    assert_int_equal(u64f(d, "kinds.%s.idle_bytes", kinds[k]), ks->idle_bytes);
     assert_int_equal(u64f(d, "kinds.%s.abandoned_count", kinds[k]), ks->abandoned_count);
     assert_int_equal(u64f(d, "kinds.%s.abandoned_bytes", kinds[k]), ks->abandoned_bytes);
     assert_int_equal(u64f(d, "kinds.%s.paused_count", kinds[k]), ks->paused_count);
@@ -212,10 +212,10 @@ static void assert_doc_matches(const json_t *d, const vmm_snapshot *s, vmm_arena
   assert_int_equal(u64(d, "pool.assembly_created_bytes"), s->assembly_created_bytes);
   assert_int_equal(u64(d, "pool.pooled_taken_apart"), s->pooled_taken_apart);
   assert_null(find(d, "pool.stitches"));
-  /* The unmapped tier: the idle handles the kinds count as retained. */
-  uint64_t idle = u64(d, "pool.idle_unmapped_handles"), idle_bytes = u64(d, "pool.idle_unmapped_bytes");
-  assert_int_equal(idle, s->kind[0].retained_count + s->kind[1].retained_count);
-  assert_int_equal(idle_bytes, s->kind[0].retained_bytes + s->kind[1].retained_bytes);
+  /* The idle tier: the idle handles the kinds count as retained. */
+  uint64_t idle = u64(d, "pool.idle_handles"), idle_bytes = u64(d, "pool.idle_bytes");
+  assert_int_equal(idle, s->kind[0].idle_count + s->kind[1].idle_count);
+  assert_int_equal(idle_bytes, s->kind[0].idle_bytes + s->kind[1].idle_bytes);
   const json_t *buckets = at(d, "pool.buckets", IS_ARRAY);
   assert_int_equal(json_array_size(buckets), s->pool_buckets);
   uint64_t pooled = 0, pooled_bytes = 0, last_size = 0;
@@ -227,7 +227,7 @@ static void assert_doc_matches(const json_t *d, const vmm_snapshot *s, vmm_arena
     pooled += count;
     pooled_bytes += size * count;
   }
-  /* Reusable: the pooled mappings (their bytes in the buckets) and the unmapped tier. */
+  /* Reusable: the pooled mappings (their bytes in the buckets) and the idle tier. */
   assert_int_equal(pooled, s->kind[0].pooled_count + s->kind[1].pooled_count);
   assert_int_equal(pooled_bytes, s->kind[0].pooled_bytes + s->kind[1].pooled_bytes);
   assert_int_equal(pooled_bytes + idle_bytes, s->retained_reusable_bytes);
@@ -292,7 +292,7 @@ static void assert_doc_matches(const json_t *d, const vmm_snapshot *s, vmm_arena
   }
   assert_int_equal(mapped, s->mapped_bytes);
   /* Reusable handles: those of the pooled mappings and the unmapped idle ones. */
-  assert_int_equal(pooled_handles + u64(d, "pool.idle_unmapped_handles"), s->retained_reusable_handles);
+  assert_int_equal(pooled_handles + u64(d, "pool.idle_handles"), s->retained_reusable_handles);
 }
 
 /* Snapshot, parse, compare; returns the document for more checks. */
@@ -405,16 +405,16 @@ static void pooled_and_scope(void **state) {
   assert_int_equal(u64(d, "pool.buckets[1].size"), 8 * MiB);
   assert_int_equal(u64(d, "pool.buckets[1].count"), 1);
   assert_int_equal(u64(d, "pool.hits"), 1);
-  assert_int_equal(u64(d, "kinds.package.retained_count"), 1);
-  assert_int_equal(u64(d, "kinds.package.retained_bytes"), 4 * MiB);
+  assert_int_equal(u64(d, "kinds.package.idle_count"), 1);
+  assert_int_equal(u64(d, "kinds.package.idle_bytes"), 4 * MiB);
   assert_int_equal(u64(d, "kinds.transient.pooled_count"), 3);
   long i = mapping_index(d, t[3]);
   char path[64];
   snprintf(path, sizeof path, "mappings[%ld].state", i);
   assert_string_at(d, path, "pooled");
   assert_int_equal(u64f(d, "mappings[%ld].scope", mapping_index(d, hit)), 1);
-  assert_int_equal(u64(d, "pool.idle_unmapped_handles"), 1);
-  assert_int_equal(u64(d, "pool.idle_unmapped_bytes"), 4 * MiB);
+  assert_int_equal(u64(d, "pool.idle_handles"), 1);
+  assert_int_equal(u64(d, "pool.idle_bytes"), 4 * MiB);
   assert_int_equal(u64(d, "pool.retained_reusable_bytes"), 16 * MiB);
   json_decref(d);
 
@@ -427,7 +427,7 @@ static void pooled_and_scope(void **state) {
   assert_int_equal(u64(d, "pool.assembly_created_bytes"), 0);
   assert_int_equal(u64(d, "pool.pooled_taken_apart"), 1);
   assert_int_equal(u64(d, "pool.padded_assemblies"), 0);
-  assert_int_equal(u64(d, "pool.idle_unmapped_handles"), 0);
+  assert_int_equal(u64(d, "pool.idle_handles"), 0);
   assert_int_equal(u64(d, "pool.misses"), 5); /* the first four and this one */
   assert_int_equal(u64f(d, "mappings[%ld].handles", mapping_index(d, six)), 2);
   assert_int_equal(u64f(d, "mappings[%ld].extent", mapping_index(d, six)), 6 * MiB);
@@ -439,7 +439,7 @@ static void pooled_and_scope(void **state) {
   assert_string_at(d, "scope.state", "none");
   assert_int_equal(u64(d, "scope.finished"), 1);
   assert_int_equal(items_at(d, "pool.buckets"), 0);
-  assert_int_equal(u64(d, "kinds.package.retained_count"), 0);
+  assert_int_equal(u64(d, "kinds.package.idle_count"), 0);
   json_decref(d);
 
   /* An aborted scope leaves its memory abandoned until destroy. */

@@ -106,7 +106,7 @@ static void finish_during_free(void **state) {
   vmm_snapshot s;
   assert_int_equal(vmm_arena_snapshot(a, &s), VMM_OK);
   assert_int_equal(s.physical_bytes, 0);
-  assert_int_equal(s.kind[VMM_KIND_PACKAGE].retained_count, 0);
+  assert_int_equal(s.kind[VMM_KIND_PACKAGE].idle_count, 0);
   tu_destroy(a);
 }
 
@@ -121,7 +121,7 @@ static void begin_during_free(void **state) {
   assert_int_equal(hook_status, VMM_OK);
   vmm_snapshot s;
   assert_int_equal(vmm_arena_snapshot(a, &s), VMM_OK);
-  assert_int_equal(s.kind[VMM_KIND_PACKAGE].retained_bytes, 4 * MiB);
+  assert_int_equal(s.kind[VMM_KIND_PACKAGE].idle_bytes, 4 * MiB);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   assert_int_equal(vmm_arena_snapshot(a, &s), VMM_OK);
   assert_int_equal(s.physical_bytes, 0);

@@ -246,7 +246,7 @@ static void threads_with_scope_cycles(void **state) {
   for (int k = 0; k < VMM_KIND_COUNT; k++) {
     assert_int_equal(s.kind[k].live_count, 0);
     assert_int_equal(s.kind[k].pooled_count, 0);
-    assert_int_equal(s.kind[k].retained_count, 0);
+    assert_int_equal(s.kind[k].idle_count, 0);
   }
   assert_int_equal(s.physical_bytes, 0);
   printf("with scopes: %u threads, %u allocations and frees, %u scope cycles, %llu pool hits, %llu misses\n", THREADS,

@@ -37,7 +37,7 @@ class Sample(unittest.TestCase):
     def test_every_section_with_its_figures(self):
         self.assertEqual(self.rc, 0, self.err)
         expected = [
-            r"vmmarena snapshot \(schema version 2\): device 0, discrete GPU",
+            r"vmmarena snapshot \(schema version 3\): device 0, discrete GPU",
             r"retention on \(mode on\); reuse exact; handle bound 64.0 MiB; package assembly on; granularity 2.0 MiB",
             r"headroom 2.0 GiB; limit 64.0 GiB",
             r"physical +16.2 GiB +16.2 GiB",
@@ -45,7 +45,7 @@ class Sample(unittest.TestCase):
             r"operations +16 allocs, 5 frees, 0 deferred frees",
             r"package +7 / 14.1 GiB +0 / 0 B +1 / 32.0 MiB +0 / 0 B +0 / 0 B\n",
             r"transient +4 / 1.4 GiB +2 / 736.0 MiB +0 / 0 B +0 / 0 B +0 / 0 B\n",
-            r"reusable +3 handles \(768.0 MiB\): 1 unmapped \(32.0 MiB\), the rest in pooled mappings in 2 buckets",
+            r"reusable +3 handles \(768.0 MiB\): 1 idle \(32.0 MiB\), the rest in pooled mappings in 2 buckets",
             r"hits 2, misses 7, hit rate 22.2%, fallbacks 0, assemblies 3 \(0 padded, 5 idle handles, 192.0 MiB created, "
             r"1 pooled mappings taken apart\)",
             r"bucket +96.0 MiB x 1\n +bucket +640.0 MiB x 1\n",
@@ -69,6 +69,19 @@ class Sample(unittest.TestCase):
             self.assertRegex(self.shown, pattern)
         self.assertEqual(len(re.findall(r"\n  0x7f", self.shown)), 10, "the largest 10 inventory rows")
         self.assertEqual(self.err, "")
+
+    def test_version_2_names(self):
+        """A version-2 snapshot (the idle tier called "retained" and "idle_unmapped") shows the same tables."""
+        doc = json.loads(self.text)
+        doc["version"] = 2
+        for stats in doc["kinds"].values():
+            stats["retained_count"] = stats.pop("idle_count")
+            stats["retained_bytes"] = stats.pop("idle_bytes")
+        doc["pool"]["idle_unmapped_handles"] = doc["pool"].pop("idle_handles")
+        doc["pool"]["idle_unmapped_bytes"] = doc["pool"].pop("idle_bytes")
+        rc, shown, err = run_stat(stdin=json.dumps(doc).encode())
+        self.assertEqual((rc, err), (0, ""))
+        self.assertEqual(shown, self.shown.replace("(schema version 3)", "(schema version 2)"))
 
     def test_standard_input(self):
         self.assertEqual(run_stat("-", stdin=self.text)[:2], (0, self.shown))
@@ -139,7 +152,7 @@ class BadInput(unittest.TestCase):
         self.check("schema", '{"schema": "something.else", "version": 1}',
                    r'not a vmmarena snapshot: "schema" is "something.else", expected "vmmarena.snapshot"')
         self.check("version", '{"schema": "vmmarena.snapshot", "version": 1}',
-                   r"snapshot version 1 is not supported \(this tool reads version 2\)")
+                   r"snapshot version 1 is not supported \(this tool reads versions 2 and 3\)")
 
     def test_wrong_keys_and_values(self):
         self.check("missing_key", self.sample.replace('"hits"', '"hitz"'), r'snapshot key "pool.hits" is missing')

@@ -9,7 +9,10 @@ key, or the line and column, of the first thing wrong.
 import json
 
 SCHEMA = "vmmarena.snapshot"
-VERSION = 2
+VERSION = 3
+# Version 2 called the idle tier "retained" in the kinds and "idle_unmapped" in the pool.
+RENAMED_IN_3 = {"retained_count": "idle_count", "retained_bytes": "idle_bytes",
+                "idle_unmapped_handles": "idle_handles", "idle_unmapped_bytes": "idle_bytes"}
 KINDS = ("package", "transient")
 STATES = ("live", "pooled", "freeing", "deferred", "abandoned", "paused")
 TAG_WIDTH = 32
@@ -20,7 +23,7 @@ _MISSING = object()
 
 
 class SnapshotError(ValueError):
-    """The input is not valid JSON or not a version-2 vmmarena snapshot."""
+    """The input is not valid JSON or not a version-2 or version-3 vmmarena snapshot."""
 
 
 def _reject_constant(name):
@@ -154,7 +157,7 @@ def _header(d, out):
             reuse = f"bounded:{bound:g}"
     limit = d.u64("limit_bytes")
     gpu = "integrated (unified-memory)" if d.flag("integrated") else "discrete"
-    out.append(f"vmmarena snapshot (schema version {VERSION}): device {d.u64('device')}, {gpu} GPU")
+    out.append(f"vmmarena snapshot (schema version {d.u64('version')}): device {d.u64('device')}, {gpu} GPU")
     out.append(
         f"  retention {'on' if d.flag('retention.enabled') else 'off'} (mode {d.text('retention.mode')}); "
         f"reuse {reuse}; handle bound {fmt_bytes(d.u64('reuse.handle_bound_bytes'))}; package assembly "
@@ -177,9 +180,9 @@ def _totals(d, out):
 
 
 def _kinds(d, out):
-    columns = ("live", "pooled", "retained", "abandoned", "paused")
+    columns = ("live", "pooled", "idle", "abandoned", "paused")
     out.append("")
-    out.append(f"{'By kind':<12}  {'live':<17}  {'pooled':<17}  {'idle unmapped':<17}  {'abandoned':<17}  paused")
+    out.append(f"{'By kind':<12}  {'live':<17}  {'pooled':<17}  {'idle':<17}  {'abandoned':<17}  paused")
     for kind in KINDS:
         cells = []
         for c in columns:
@@ -196,7 +199,7 @@ def _pool(d, out):
     out.append("Idle handles")
     out.append(
         f"  reusable  {d.u64('pool.retained_reusable_handles')} handles ({fmt_bytes(d.u64('pool.retained_reusable_bytes'))}): "
-        f"{d.u64('pool.idle_unmapped_handles')} unmapped ({fmt_bytes(d.u64('pool.idle_unmapped_bytes'))}), the rest "
+        f"{d.u64('pool.idle_handles')} idle ({fmt_bytes(d.u64('pool.idle_bytes'))}), the rest "
         f"in pooled mappings in {len(buckets)} bucket{'' if len(buckets) == 1 else 's'}"
     )
     out.append(
@@ -322,6 +325,18 @@ def _inventory(d, out):
             )
 
 
+def _renamed(doc):
+    """A version-2 document with the names of version 3."""
+    out = dict(doc)
+    for section in ("kinds", "pool"):
+        if isinstance(doc.get(section), dict):
+            out[section] = {RENAMED_IN_3.get(k, k): v for k, v in doc[section].items()}
+    if isinstance(out.get("kinds"), dict):
+        out["kinds"] = {kind: {RENAMED_IN_3.get(k, k): v for k, v in stats.items()} if isinstance(stats, dict) else stats
+                        for kind, stats in out["kinds"].items()}
+    return out
+
+
 def render(doc):
     """The tables for a parsed snapshot, as one string ending in a newline."""
     if not isinstance(doc, dict):
@@ -331,8 +346,10 @@ def render(doc):
     if schema != SCHEMA:
         raise SnapshotError(f'not a vmmarena snapshot: "schema" is "{schema[:40]}", expected "{SCHEMA}"')
     version = d.u64("version")
-    if version != VERSION:
-        raise SnapshotError(f"snapshot version {version} is not supported (this tool reads version {VERSION})")
+    if version not in (2, VERSION):
+        raise SnapshotError(f"snapshot version {version} is not supported (this tool reads versions 2 and {VERSION})")
+    if version == 2:
+        d = _Doc(_renamed(doc))
     out = []
     for section in (_header, _totals, _kinds, _pool, _refusals_and_scope, _tags, _driver, _errors, _inventory):
         section(d, out)
