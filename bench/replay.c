@@ -5,13 +5,13 @@
  *   vmmarena-replay [--driver fake|cuda] [--capacity SIZE] [--granularity SIZE]
  *                   [--handle-bound SIZE] [--csv OUT.csv] [--plot OUT.png] [TRACE]
  *
- * TRACE is a trace file, plain or gzip (decompressed by `gzip -dc`); without it the trace
- * compiled into the binary is replayed. Only operations the trace records as successful are
+ * TRACE is a trace file, plain or gzip, read by vmm_trace_reader_open (include/vmmarena/trace.h);
+ * without it the trace compiled into the binary is replayed. A trace the reader refuses is
+ * reported in its one line, exit status 2. Only operations the trace records as successful are
  * replayed; an allocation the replay cannot place (out of memory) is counted and skipped
  * together with its later free. */
 #include <dlfcn.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,115 +126,45 @@ static int parse_options(int argc, char **argv, options *o) {
   return 0;
 }
 
-/* ---- Reading the trace --------------------------------------------------------------- */
+/* ---- The built-in trace -------------------------------------------------------------- */
 
-typedef struct buffer {
-  char *data;
-  size_t len, cap;
-} buffer;
-
-static int buffer_read_fd(buffer *b, int fd) {
-  for (;;) {
-    if (b->cap - b->len < 65536) {
-      size_t cap = b->cap ? 2 * b->cap : 1 << 20;
-      char *grown = realloc(b->data, cap);
-      if (!grown) return -1;
-      b->data = grown;
-      b->cap = cap;
-    }
-    ssize_t n = read(fd, b->data + b->len, b->cap - b->len - 1);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return -1;
-    if (n == 0) break;
-    b->len += (size_t)n;
-  }
-  b->data[b->len] = '\0';
-  return 0;
-}
-
-/* Reads path through `gzip -dc` into b. */
-static int gunzip_file(const char *path, buffer *b) {
-  int out[2];
-  pid_t pid = -1;
-  if (pipe(out) == 0 && (pid = fork()) < 0) {
-    close(out[0]);
-    close(out[1]);
-  }
-  if (pid < 0) {
-    fprintf(stderr, "vmmarena-replay: cannot start gzip for %s: %s\n", path, strerror(errno));
-    return -1;
-  }
-  if (pid == 0) {
-    dup2(out[1], STDOUT_FILENO);
-    close(out[0]);
-    close(out[1]);
-    execlp("gzip", "gzip", "-dc", "--", path, (char *)NULL);
-    fprintf(stderr, "vmmarena-replay: cannot run gzip to decompress %s: %s\n", path, strerror(errno));
-    _exit(127);
-  }
-  close(out[1]);
-  int rc = buffer_read_fd(b, out[0]);
-  if (rc) fprintf(stderr, "vmmarena-replay: reading gzip -dc %s: %s\n", path, strerror(errno));
-  close(out[0]);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (rc == 0 && (!WIFEXITED(status) || WEXITSTATUS(status) != 0)) {
-    fprintf(stderr, "vmmarena-replay: gzip -dc %s failed (status %d)\n", path, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-    return -1;
-  }
-  return rc;
-}
-
-static int is_gzip(const unsigned char *head, size_t len) { return len >= 2 && head[0] == 0x1f && head[1] == 0x8b; }
-
-/* Reads a trace file, decompressing it if it is gzip. */
-static int load_file(const char *path, buffer *b) {
-  int fd = open(path, O_RDONLY);
-  if (fd < 0) {
-    fprintf(stderr, "vmmarena-replay: cannot open trace %s: %s\n", path, strerror(errno));
-    return -1;
-  }
-  unsigned char head[2];
-  ssize_t n = read(fd, head, sizeof head);
-  if (n == 2 && is_gzip(head, 2)) {
-    close(fd);
-    return gunzip_file(path, b);
-  }
-  int rc = lseek(fd, 0, SEEK_SET) < 0 ? -1 : buffer_read_fd(b, fd);
-  if (rc) fprintf(stderr, "vmmarena-replay: reading trace %s: %s\n", path, strerror(errno));
-  close(fd);
-  return rc;
-}
-
-/* Decompresses the built-in trace through a temporary file. */
-static int load_embedded(buffer *b) {
-  const char *dir = getenv("TMPDIR");
-  char path[4096];
-  snprintf(path, sizeof path, "%s/vmmarena-replay-XXXXXX", dir && *dir ? dir : "/tmp");
-  int fd = mkstemp(path);
-  if (fd < 0) {
-    fprintf(stderr, "vmmarena-replay: cannot create a temporary file in %s: %s\n", dir && *dir ? dir : "/tmp",
+/* Writes the built-in trace, under its own name, into a fresh directory for the reader; fills
+ * path. Returns 0, or -1 after saying why. */
+static int write_embedded(char *dir, size_t dir_cap, char *path, size_t path_cap) {
+  const char *tmp = getenv("TMPDIR");
+  snprintf(dir, dir_cap, "%s/vmmarena-replay-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (!mkdtemp(dir)) {
+    fprintf(stderr, "vmmarena-replay: cannot create a temporary directory in %s: %s\n", tmp && *tmp ? tmp : "/tmp",
             strerror(errno));
     return -1;
   }
-  size_t done = 0;
-  while (done < vmmarena_default_trace_size) {
-    ssize_t n = write(fd, vmmarena_default_trace + done, vmmarena_default_trace_size - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += (size_t)n;
-  }
-  close(fd);
-  int rc = -1;
-  if (done != vmmarena_default_trace_size)
+  snprintf(path, path_cap, "%s/%s", dir, vmmarena_default_trace_name);
+  FILE *f = fopen(path, "wb");
+  size_t done = f ? fwrite(vmmarena_default_trace, 1, vmmarena_default_trace_size, f) : 0;
+  if (!f || fclose(f) != 0 || done != vmmarena_default_trace_size) {
     fprintf(stderr, "vmmarena-replay: writing %s: %s\n", path, strerror(errno));
-  else if (is_gzip(vmmarena_default_trace, vmmarena_default_trace_size))
-    rc = gunzip_file(path, b);
-  else
-    rc = load_file(path, b);
-  unlink(path);
-  return rc;
+    unlink(path);
+    rmdir(dir);
+    return -1;
+  }
+  return 0;
+}
+
+/* Opens the trace named on the command line, or the built-in one; NULL after printing the
+ * reader's message. */
+static vmm_trace_reader *open_trace(const char *trace) {
+  char dir[4096], path[4400], msg[2048]; /* msg: as large as the Python package's */
+  if (!trace) {
+    if (write_embedded(dir, sizeof dir, path, sizeof path)) return NULL;
+  }
+  vmm_trace_reader *r = NULL;
+  if (vmm_trace_reader_open(trace ? trace : path, &r, msg, sizeof msg) != VMM_OK)
+    fprintf(stderr, "vmmarena-replay: %s\n", msg);
+  if (!trace) {
+    unlink(path);
+    rmdir(dir);
+  }
+  return r;
 }
 
 /* ---- Pointer map: trace pointer -> replay pointer ------------------------------------ */
@@ -364,65 +294,61 @@ static int stream_index(trace *t, uint64_t stream, uint32_t *index) {
   return 0;
 }
 
-/* Parses every line; checks that no allocation returns a pointer that is still live in the
- * trace. Returns 0, or -1 after printing what is wrong and where. */
-static int parse_trace(char *text, size_t len, const char *name, trace *t) {
-  size_t lines = 0;
-  for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
-  memset(t, 0, sizeof *t);
-  t->ops = malloc((lines + 1) * sizeof *t->ops);
-  ptr_map live;
-  if (!t->ops || map_init(&live, lines + 1)) {
-    fprintf(stderr, "vmmarena-replay: out of host memory for %zu trace lines\n", lines + 1);
+/* Adds one record to t; checks that no allocation returns a pointer that is still live in
+ * the trace. Returns 0, or -1 after printing what is wrong and where. */
+static int add_record(trace *t, ptr_map *live, const vmm_trace_record *rec, const char *name, size_t line) {
+  op o = {.type = (uint8_t)rec->op, .kind = (uint8_t)(rec->kind < 0 ? 0 : rec->kind), .bytes = rec->requested,
+          .ptr = rec->ptr};
+  uint64_t unused;
+  if (rec->result != VMM_OK) {
+    t->recorded_failures++;
+    return 0;
+  }
+  if (rec->op == VMM_TRACE_ALLOC && (rec->ptr == 0 || map_contains(live, rec->ptr))) {
+    fprintf(stderr, "vmmarena-replay: %s: line %zu: alloc returned 0x%llx, %s\n", name, line,
+            (unsigned long long)rec->ptr, rec->ptr ? "which is still live in the trace" : "a NULL pointer, with VMM_OK");
     return -1;
   }
+  if (rec->op == VMM_TRACE_FREE && !map_take(live, rec->ptr, &unused)) {
+    t->unknown_frees++;
+    return 0;
+  }
+  if (stream_index(t, rec->stream, &o.stream) || tag_index(t, rec->tag, &o.tag)) {
+    fputs("vmmarena-replay: out of host memory for the stream or tag list\n", stderr);
+    return -1;
+  }
+  if (rec->op == VMM_TRACE_ALLOC) {
+    map_put(live, rec->ptr, 1);
+    t->allocs++;
+  } else if (rec->op == VMM_TRACE_FREE) {
+    t->frees++;
+  } else {
+    t->scope_ops++;
+  }
+  t->ops[t->count++] = o;
+  return 0;
+}
+
+/* Takes every record of the reader into t. Returns 0, or -1 after printing what is wrong. */
+static int load_trace(vmm_trace_reader *r, trace *t) {
+  size_t records = vmm_trace_reader_records(r);
+  const char *name = vmm_trace_reader_name(r);
+  memset(t, 0, sizeof *t);
+  if (records == 0) {
+    fprintf(stderr, "vmmarena-replay: %s: no records to replay (the trace holds only its header and comments)\n", name);
+    return -1;
+  }
+  t->ops = malloc(records * sizeof *t->ops);
+  ptr_map live;
+  if (!t->ops || map_init(&live, records)) {
+    fprintf(stderr, "vmmarena-replay: out of host memory for %zu trace records\n", records);
+    return -1;
+  }
+  vmm_trace_record rec;
+  size_t line = 0;
   int rc = 0;
-  size_t line_no = 0, records = 0;
-  for (char *p = text, *end = text + len; p < end && rc == 0;) {
-    char *nl = memchr(p, '\n', (size_t)(end - p));
-    size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
-    line_no++;
-    vmm_trace_record rec;
-    const char *why = NULL;
-    int kind = vmm_trace_parse_line(p, n, &rec, &why);
-    if (kind < 0) {
-      fprintf(stderr, "vmmarena-replay: %s:%zu: %s: \"%.*s\"\n", name, line_no, why, (int)(n < 120 ? n : 120), p);
-      rc = -1;
-    } else if (kind == 1) {
-      records++;
-      op o = {.type = (uint8_t)rec.op, .kind = (uint8_t)(rec.kind < 0 ? 0 : rec.kind), .bytes = rec.requested,
-              .ptr = rec.ptr};
-      uint64_t unused;
-      if (rec.result != VMM_OK) {
-        t->recorded_failures++;
-      } else if (rec.op == VMM_TRACE_ALLOC && (rec.ptr == 0 || map_contains(&live, rec.ptr))) {
-        fprintf(stderr, "vmmarena-replay: %s:%zu: alloc returned 0x%llx, %s\n", name, line_no,
-                (unsigned long long)rec.ptr, rec.ptr ? "which is still live in the trace" : "a NULL pointer, with VMM_OK");
-        rc = -1;
-      } else if (rec.op == VMM_TRACE_FREE && !map_take(&live, rec.ptr, &unused)) {
-        t->unknown_frees++;
-      } else if (stream_index(t, rec.stream, &o.stream) || tag_index(t, rec.tag, &o.tag)) {
-        fputs("vmmarena-replay: out of host memory for the stream or tag list\n", stderr);
-        rc = -1;
-      } else {
-        if (rec.op == VMM_TRACE_ALLOC) {
-          map_put(&live, rec.ptr, 1);
-          t->allocs++;
-        } else if (rec.op == VMM_TRACE_FREE) {
-          t->frees++;
-        } else {
-          t->scope_ops++;
-        }
-        t->ops[t->count++] = o;
-      }
-    }
-    p += n + 1;
-  }
+  while (rc == 0 && vmm_trace_reader_next(r, &rec, &line)) rc = add_record(t, &live, &rec, name, line);
   map_fini(&live);
-  if (rc == 0 && records == 0) {
-    fprintf(stderr, "vmmarena-replay: %s: no operations (is it a vmmarena trace, 'vmmtrace 1'?)\n", name);
-    rc = -1;
-  }
   return rc;
 }
 
@@ -824,18 +750,16 @@ static int run_policies(const options *o, const trace *t) {
 int main(int argc, char **argv) {
   options o;
   if (parse_options(argc, argv, &o)) return 2;
-  const char *name = o.trace ? o.trace : vmmarena_default_trace_name;
-  buffer text = {0};
   trace t = {0};
-  int loaded = (o.trace ? load_file(o.trace, &text) : load_embedded(&text)) == 0 &&
-               parse_trace(text.data, text.len, name, &t) == 0;
-  free(text.data);
+  vmm_trace_reader *reader = open_trace(o.trace);
+  int loaded = reader && load_trace(reader, &t) == 0;
+  vmm_trace_reader_close(reader);
   if (!loaded) {
     trace_free(&t);
     return 2;
   }
-  printf("trace: %s%s: %zu operations (%zu alloc, %zu free, %zu scope)", name, o.trace ? "" : " (built in)", t.count,
-         t.allocs, t.frees, t.scope_ops);
+  printf("trace: %s%s: %zu operations (%zu alloc, %zu free, %zu scope)", o.trace ? o.trace : vmmarena_default_trace_name,
+         o.trace ? "" : " (built in)", t.count, t.allocs, t.frees, t.scope_ops);
   if (t.recorded_failures || t.unknown_frees)
     printf("; not replayed: %zu recorded failures, %zu frees of memory allocated before the trace", t.recorded_failures,
            t.unknown_frees);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "vmmarena.h"
+#include "vmmarena/trace.h"
 
 #define ERROR_CAP 1024
 
@@ -203,6 +204,19 @@ int vmm_torch_check(int device, char *buf, size_t cap) {
 
 void vmm_torch_tag_push(const char *tag) { vmm_tag_push(tag); }
 void vmm_torch_tag_pop(void) { vmm_tag_pop(); }
+
+/* ---- Trace files --------------------------------------------------------------------- */
+
+int vmm_torch_trace_open(const char *path, vmm_trace_reader **out, char *msg, size_t cap) {
+  return (int)vmm_trace_reader_open(path, out, msg, cap);
+}
+size_t vmm_torch_trace_records(const vmm_trace_reader *r) { return vmm_trace_reader_records(r); }
+const char *vmm_torch_trace_name(const vmm_trace_reader *r) { return vmm_trace_reader_name(r); }
+int vmm_torch_trace_next(vmm_trace_reader *r, vmm_trace_record *rec, size_t *line) {
+  return vmm_trace_reader_next(r, rec, line);
+}
+void vmm_torch_trace_close(vmm_trace_reader *r) { vmm_trace_reader_close(r); }
+size_t vmm_torch_trace_record_size(void) { return sizeof(vmm_trace_record); }
 
 int vmm_torch_set_driver_for_testing(const struct vmm_driver *drv) {
   pthread_mutex_lock(&shim_lock);

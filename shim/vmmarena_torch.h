@@ -26,6 +26,8 @@ extern "C" {
 #endif
 
 struct vmm_driver;
+struct vmm_trace_reader;
+struct vmm_trace_record;
 
 /* ---- PyTorch's allocator signatures -------------------------------------------------- */
 
@@ -74,6 +76,19 @@ VMM_TORCH_API int vmm_torch_check(int device, char *buf, size_t cap);
 /* Thread-local label for the segments allocated from now on (nested; NULL = no tag). */
 VMM_TORCH_API void vmm_torch_tag_push(const char *tag);
 VMM_TORCH_API void vmm_torch_tag_pop(void);
+
+/* ---- Trace files (`vmmarena memviz`) ------------------------------------------------- */
+
+/* The core's trace reader (include/vmmarena/trace.h), so that the Python package reads traces
+ * with the parser the replay tool uses: vmm_trace_reader_open, _records, _name, _next and
+ * _close under the shim's names. None of them creates an arena. */
+VMM_TORCH_API int vmm_torch_trace_open(const char *path, struct vmm_trace_reader **out, char *msg, size_t cap);
+VMM_TORCH_API size_t vmm_torch_trace_records(const struct vmm_trace_reader *r);
+VMM_TORCH_API const char *vmm_torch_trace_name(const struct vmm_trace_reader *r);
+VMM_TORCH_API int vmm_torch_trace_next(struct vmm_trace_reader *r, struct vmm_trace_record *rec, size_t *line);
+VMM_TORCH_API void vmm_torch_trace_close(struct vmm_trace_reader *r);
+/* sizeof(vmm_trace_record), which the Python package's ctypes copy of it must match. */
+VMM_TORCH_API size_t vmm_torch_trace_record_size(void);
 
 /* Tests only: destroys every arena (pointers handed out become invalid), then creates later
  * arenas on `drv` (NULL = the CUDA driver). Lets CI run the shim on the fake driver. */

@@ -1,5 +1,6 @@
-/* Operation trace: buffered line writer and the line parser the replay tool uses. */
+/* Operation trace: the buffered line writer and the line parser (docs/trace.md). */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,16 +75,27 @@ void vmm_trace_close(vmm_trace_writer *w) {
 
 /* ---- Parser -------------------------------------------------------------------------- */
 
-typedef struct cursor {
-  const char *p, *end;
-} cursor;
+#define FIELD_COUNT 9
+#define QUOTE_MAX 40 /* bytes of a field quoted in a message; longer ones end in "..." */
 
-/* Next space-separated field; returns its length (0 at the end). */
-static size_t field(cursor *c, const char **start) {
-  while (c->p < c->end && *c->p == ' ') c->p++;
-  *start = c->p;
-  while (c->p < c->end && *c->p != ' ') c->p++;
-  return (size_t)(c->p - *start);
+/* The message of the latest malformed line parsed by this thread (vmm_trace_parse_line). */
+static __thread char parse_why[256];
+
+typedef struct span {
+  const char *s;
+  size_t n;
+} span;
+
+/* printf arguments for "\"%.*s%s\"": the field, cut to QUOTE_MAX bytes. */
+#define QUOTED(f) (int)((f).n > QUOTE_MAX ? QUOTE_MAX : (f).n), (f).s, (f).n > QUOTE_MAX ? "..." : ""
+
+static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int bad(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(parse_why, sizeof parse_why, fmt, ap);
+  va_end(ap);
+  return -1;
 }
 
 static int parse_u64(const char *s, size_t n, int base, uint64_t *out) {
@@ -103,14 +115,9 @@ static int parse_u64(const char *s, size_t n, int base, uint64_t *out) {
   return 0;
 }
 
-static int parse_hex(const char *s, size_t n, uint64_t *out) {
-  if (n < 3 || s[0] != '0' || (s[1] != 'x' && s[1] != 'X')) return -1;
-  return parse_u64(s + 2, n - 2, 16, out);
-}
-
-static int match(const char *s, size_t n, const char *const *names, int count) {
+static int match(span f, const char *const *names, int count) {
   for (int i = 0; i < count; i++)
-    if (strlen(names[i]) == n && !memcmp(s, names[i], n)) return i;
+    if (strlen(names[i]) == f.n && !memcmp(f.s, names[i], f.n)) return i;
   return -1;
 }
 
@@ -121,73 +128,122 @@ static int hexval(char c) {
   return -1;
 }
 
-#define BAD(msg) return (why ? (void)(*why = (msg)) : (void)0), -1
+static int check_printable(const char *line, size_t len) {
+  for (size_t i = 0; i < len; i++) {
+    unsigned char c = (unsigned char)line[i];
+    if (c < 0x20 || c > 0x7e) return bad("byte \\x%02x at column %zu is not printable ASCII", c, i + 1);
+  }
+  return 0;
+}
 
-int vmm_trace_parse_line(const char *line, size_t len, vmm_trace_record *rec, const char **why) {
-  while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) len--;
-  cursor c = {line, line + len};
-  const char *s;
-  size_t n = field(&c, &s);
-  if (n == 0 || s[0] == '#') return 0;
-  if (n == 8 && !memcmp(s, "vmmtrace", 8)) {
-    n = field(&c, &s);
-    if (n != 1 || s[0] != '1') BAD("unsupported trace version (expected 'vmmtrace 1')");
-    if (field(&c, &s)) BAD("extra fields after 'vmmtrace 1'");
-    return 0;
+/* Splits a non-empty line at single spaces; stores the first `max` fields and returns how
+ * many there are, or -1 at an empty field (a space at either end, or two in a row). */
+static int split(const char *line, size_t len, span *fields, int max) {
+  int count = 0;
+  for (const char *p = line, *end = line + len;;) {
+    const char *space = memchr(p, ' ', (size_t)(end - p));
+    const char *stop = space ? space : end;
+    if (stop == p && count == 0) return bad("the line begins with a space");
+    if (stop == p && !space) return bad("the line ends with a space");
+    if (stop == p) return bad("two spaces at column %zu (fields are separated by one space)", (size_t)(p - line));
+    if (count < max) fields[count] = (span){p, (size_t)(stop - p)};
+    count++;
+    if (!space) return count;
+    p = space + 1;
   }
-  memset(rec, 0, sizeof *rec);
-  if (parse_u64(s, n, 10, &rec->t_ns)) BAD("time is not a decimal number");
-  n = field(&c, &s);
-  int op = match(s, n, op_names, VMM_TRACE_OP_COUNT);
-  if (op < 0) BAD("unknown operation (alloc, free, begin, finish, abort)");
-  rec->op = (vmm_trace_op)op;
-  n = field(&c, &s);
-  if (n == 1 && s[0] == '-') rec->kind = -1;
-  else if ((rec->kind = match(s, n, kind_names, 2)) < 0) BAD("unknown kind (package, transient, -)");
-  n = field(&c, &s);
-  if (parse_u64(s, n, 10, &rec->requested)) BAD("requested bytes is not a decimal number");
-  n = field(&c, &s);
-  if (parse_u64(s, n, 10, &rec->rounded)) BAD("rounded bytes is not a decimal number");
-  n = field(&c, &s);
-  if (parse_hex(s, n, &rec->ptr)) BAD("pointer is not 0x-prefixed hex");
-  n = field(&c, &s);
-  if (parse_hex(s, n, &rec->stream)) BAD("stream is not 0x-prefixed hex");
-  n = field(&c, &s);
-  if (n == 0) BAD("missing tag");
-  if (!(n == 1 && s[0] == '-')) {
-    size_t out = 0;
-    for (size_t i = 0; i < n; i++) {
-      unsigned char ch = (unsigned char)s[i];
-      if (ch == '%') {
-        int hi, lo;
-        if (i + 2 >= n) BAD("truncated %XX escape in tag");
-        if ((hi = hexval(s[i + 1])) < 0 || (lo = hexval(s[i + 2])) < 0) BAD("bad %XX escape in tag");
-        ch = (unsigned char)(hi * 16 + lo);
-        if (ch == 0) BAD("NUL byte in tag");
-        i += 2;
-      } else if (!tag_byte_plain(ch)) {
-        BAD("unescaped byte in tag");
-      }
-      if (out + 1 >= VMM_TRACE_TAG_MAX) BAD("tag longer than 255 bytes");
-      rec->tag[out++] = (char)ch;
+}
+
+static int decimal_field(span f, const char *name, uint64_t *out) {
+  if (parse_u64(f.s, f.n, 10, out)) return bad("%s \"%.*s%s\" is not a decimal number below 2^64", name, QUOTED(f));
+  return 0;
+}
+
+static int hex_field(span f, const char *name, uint64_t *out) {
+  if (f.n < 3 || f.s[0] != '0' || f.s[1] != 'x' || parse_u64(f.s + 2, f.n - 2, 16, out))
+    return bad("%s \"%.*s%s\" is not 0x and hex digits below 2^64", name, QUOTED(f));
+  return 0;
+}
+
+/* Decodes a tag field ('-' is no tag) into tag[VMM_TRACE_TAG_MAX]. */
+static int tag_field(span f, char *tag) {
+  size_t out = 0;
+  if (f.n == 1 && f.s[0] == '-') f.n = 0;
+  for (size_t i = 0; i < f.n; i++) {
+    unsigned char ch = (unsigned char)f.s[i];
+    if (ch == '%') {
+      if (i + 2 >= f.n) return bad("tag \"%.*s%s\": truncated %%XX escape", QUOTED(f));
+      int hi = hexval(f.s[i + 1]), lo = hexval(f.s[i + 2]);
+      if (hi < 0 || lo < 0) return bad("tag \"%.*s%s\": bad %%XX escape \"%.3s\"", QUOTED(f), f.s + i);
+      if ((ch = (unsigned char)(hi * 16 + lo)) == 0) return bad("tag \"%.*s%s\": %%00 (a NUL byte) cannot be in a tag", QUOTED(f));
+      i += 2;
     }
-    rec->tag[out] = '\0';
+    if (out + 1 >= VMM_TRACE_TAG_MAX) return bad("tag \"%.*s%s\": longer than 255 bytes", QUOTED(f));
+    tag[out++] = (char)ch;
   }
-  n = field(&c, &s);
-  int result = -1;
+  tag[out] = '\0';
+  return 0;
+}
+
+static int result_field(span f, int *result) {
   for (int i = 0; i < VMM_STATUS_COUNT; i++) {
     const char *name = vmm_status_name((vmm_status)i);
-    if (strlen(name) == n && !memcmp(s, name, n)) result = i;
+    if (strlen(name) == f.n && !memcmp(f.s, name, f.n)) return *result = i, 0;
   }
-  if (result < 0) BAD("unknown result status");
-  rec->result = result;
-  n = field(&c, &s);
-  if (n != 0) BAD("extra fields after the result");
-  /* A failed alloc or free may have no kind (an unknown pointer, a bad kind argument). */
+  return bad("unknown result \"%.*s%s\" (a status name: VMM_OK, VMM_ERR_...)", QUOTED(f));
+}
+
+/* A failed alloc or free may have no kind (an unknown pointer, a bad kind argument); the
+ * other operations never have one. */
+static int check_kind(const vmm_trace_record *rec, span kind) {
   int memory_op = rec->op == VMM_TRACE_ALLOC || rec->op == VMM_TRACE_FREE;
-  if (memory_op && rec->kind < 0 && rec->result == VMM_OK) BAD("a successful alloc or free needs a kind");
-  if (!memory_op && rec->kind >= 0) BAD("begin, finish and abort take no kind ('-')");
+  if (memory_op && rec->kind < 0 && rec->result == VMM_OK)
+    return bad("a successful %s needs a kind (package or transient), found \"-\"", op_names[rec->op]);
+  if (!memory_op && rec->kind >= 0) return bad("%s takes no kind (\"-\"), found \"%.*s%s\"", op_names[rec->op], QUOTED(kind));
+  return 0;
+}
+
+static int record_fields(const span *f, vmm_trace_record *rec) {
+  memset(rec, 0, sizeof *rec);
+  if (decimal_field(f[0], "time", &rec->t_ns)) return -1;
+  int op = match(f[1], op_names, VMM_TRACE_OP_COUNT);
+  if (op < 0)
+    return bad("unknown operation \"%.*s%s\" (alloc, free, begin, finish, abort, pause-discard, pause-backup, resume)",
+               QUOTED(f[1]));
+  rec->op = (vmm_trace_op)op;
+  int no_kind = f[2].n == 1 && f[2].s[0] == '-';
+  rec->kind = no_kind ? -1 : match(f[2], kind_names, 2);
+  if (rec->kind < 0 && !no_kind)
+    return bad("unknown kind \"%.*s%s\" (package, transient, -)", QUOTED(f[2]));
+  if (decimal_field(f[3], "requested bytes", &rec->requested) || decimal_field(f[4], "rounded bytes", &rec->rounded) ||
+      hex_field(f[5], "pointer", &rec->ptr) || hex_field(f[6], "stream", &rec->stream) || tag_field(f[7], rec->tag) ||
+      result_field(f[8], &rec->result) || check_kind(rec, f[2]))
+    return -1;
   return 1;
+}
+
+static int parse(const char *line, size_t len, vmm_trace_record *rec) {
+  if (len && line[len - 1] == '\n') len--;
+  if (len && line[len - 1] == '\r') len--;
+  if (len == 0) return 0;
+  if (check_printable(line, len)) return -1;
+  if (line[0] == '#') return 0;
+  span f[FIELD_COUNT];
+  int count = split(line, len, f, FIELD_COUNT);
+  if (count < 0) return -1;
+  span whole = {line, len};
+  if (f[0].n == 8 && !memcmp(f[0].s, "vmmtrace", 8)) {
+    if (count == 2 && f[1].n == 1 && f[1].s[0] == '1') return 0;
+    return bad("unsupported header \"%.*s%s\" (this reader reads \"vmmtrace 1\")", QUOTED(whole));
+  }
+  if (count != FIELD_COUNT)
+    return bad("%d fields, expected 9 (time, operation, kind, requested, rounded, pointer, stream, tag, result)", count);
+  return record_fields(f, rec);
+}
+
+int vmm_trace_parse_line(const char *line, size_t len, vmm_trace_record *rec, const char **why) {
+  int rc = parse(line, len, rec);
+  if (rc < 0 && why) *why = parse_why;
+  return rc;
 }
 
 void vmm_trace_arena_op(vmm_arena *a, vmm_trace_op op, int kind, size_t requested, size_t rounded, CUdeviceptr ptr,

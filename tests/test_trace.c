@@ -1,8 +1,10 @@
 /* Operation trace: a round trip through a real arena (every line parsed back and compared with
- * what was done), switching the trace on and off, the parser on malformed lines, and the
- * configuration errors of VMMARENA_TRACE. */
+ * what was done), switching the trace on and off, the parser on malformed lines, the file
+ * reader (plain and gzip files, and what it refuses), and the configuration errors of
+ * VMMARENA_TRACE. */
 #include "test_util.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -290,7 +292,8 @@ static void parser_accepts(void **state) {
   assert_int_equal(parse_exact("vmmtrace 1\r\n", &r, &why), 0);
   assert_int_equal(parse_exact("# a comment", &r, &why), 0);
   assert_int_equal(parse_exact("", &r, &why), 0);
-  assert_int_equal(parse_exact("   ", &r, &why), 0);
+  assert_int_equal(parse_exact("\r\n", &r, &why), 0);
+  assert_int_equal(parse_exact("#\t", &r, &why), -1); /* a comment is printable ASCII too */
   assert_int_equal(parse_exact("12 alloc package 4096 2097152 0x7F0000000000 0x5001 a%20b%25 VMM_OK\r\n", &r, &why), 1);
   assert_int_equal(r.t_ns, 12);
   assert_int_equal(r.op, VMM_TRACE_ALLOC);
@@ -311,60 +314,85 @@ static void parser_accepts(void **state) {
   assert_string_equal(r.tag, "-");
 }
 
+/* A line of more than 255 tag bytes; filled in by parser_rejects. */
+static char too_long[320];
+
+/* Malformed lines and the start of the message for each. */
+static const struct {
+  const char *line, *why;
+} bad_lines[] = {
+    {"vmmtrace 2", "unsupported header \"vmmtrace 2\" (this reader reads \"vmmtrace 1\")"},
+    {"vmmtrace", "unsupported header \"vmmtrace\""},
+    {"vmmtrace 1 extra", "unsupported header \"vmmtrace 1 extra\""},
+    {"vmmtrace 10", "unsupported header \"vmmtrace 10\""},
+    {"x1 alloc package 1 2 0x1 0x2 t VMM_OK", "time \"x1\" is not a decimal number below 2^64"},
+    {"-1 alloc package 1 2 0x1 0x2 t VMM_OK", "time \"-1\""},
+    {"18446744073709551616 alloc package 1 2 0x1 0x2 t VMM_OK", "time \"18446744073709551616\""},
+    {"1 allot package 1 2 0x1 0x2 t VMM_OK",
+     "unknown operation \"allot\" (alloc, free, begin, finish, abort, pause-discard, pause-backup, resume)"},
+    {"1", "1 fields, expected 9 (time, operation, kind, requested, rounded, pointer, stream, tag, result)"},
+    {"1 alloc pkg 1 2 0x1 0x2 t VMM_OK", "unknown kind \"pkg\" (package, transient, -)"},
+    {"1 alloc", "2 fields, expected 9"},
+    {"1 alloc package 4k 2 0x1 0x2 t VMM_OK", "requested bytes \"4k\" is not a decimal number"},
+    {"1 alloc package 1 -2 0x1 0x2 t VMM_OK", "rounded bytes \"-2\""},
+    {"1 alloc package 1 2 7f00 0x2 t VMM_OK", "pointer \"7f00\" is not 0x and hex digits below 2^64"},
+    {"1 alloc package 1 2 0x 0x2 t VMM_OK", "pointer \"0x\""},
+    {"1 alloc package 1 2 0X1 0x2 t VMM_OK", "pointer \"0X1\""},
+    {"1 alloc package 1 2 0xZZ 0x2 t VMM_OK", "pointer \"0xZZ\""},
+    {"1 alloc package 1 2 0x10000000000000000 0x2 t VMM_OK", "pointer \"0x10000000000000000\""},
+    {"1 alloc package 1 2 0x1 5001 t VMM_OK", "stream \"5001\""},
+    {"1 alloc package 1 2 0x1 0x2", "7 fields, expected 9"},
+    {"1 alloc package 1 2 0x1 0x2 t", "8 fields, expected 9"},
+    {"1 alloc package 1 2 0x1 0x2 t VMM_FINE", "unknown result \"VMM_FINE\" (a status name: VMM_OK, VMM_ERR_...)"},
+    {"1 alloc package 1 2 0x1 0x2 t VMM_OK extra", "10 fields, expected 9"},
+    {"1 alloc package 1 2 0x1 0x2 ab%4 VMM_OK", "tag \"ab%4\": truncated %XX escape"},
+    {"1 alloc package 1 2 0x1 0x2 ab% VMM_OK", "tag \"ab%\": truncated %XX escape"},
+    {"1 alloc package 1 2 0x1 0x2 %zz VMM_OK", "tag \"%zz\": bad %XX escape \"%zz\""},
+    {"1 alloc package 1 2 0x1 0x2 a%00b VMM_OK", "tag \"a%00b\": %00 (a NUL byte) cannot be in a tag"},
+    {"1 alloc package 1 2 0x1 0x2 a\tb VMM_OK", "byte \\x09 at column 30 is not printable ASCII"},
+    {"1 alloc package 1 2 0x1 0x2 caf\xc3\xa9 VMM_OK", "byte \\xc3 at column 32 is not printable ASCII"},
+    {"1 alloc package 1 2 0x1 0x2 t\r VMM_OK", "byte \\x0d at column 30"},
+    {"# \x1b[31m", "byte \\x1b at column 3"},
+    {too_long, "tag \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...\": longer than 255 bytes"},
+    {"1 alloc - 1 2 0x1 0x2 t VMM_OK", "a successful alloc needs a kind (package or transient), found \"-\""},
+    {"1 free - 0 2 0x1 0x2 t VMM_OK", "a successful free needs a kind"},
+    {"1 begin package 0 0 0x0 0x0 - VMM_OK", "begin takes no kind (\"-\"), found \"package\""},
+    {"1 resume transient 0 0 0x0 0x0 t VMM_OK", "resume takes no kind"},
+    {"1 alloc  package 1 2 0x1 0x2 t VMM_OK", "two spaces at column 8 (fields are separated by one space)"},
+    {" 1 alloc package 1 2 0x1 0x2 t VMM_OK", "the line begins with a space"},
+    {"   ", "the line begins with a space"},
+    {"1 alloc package 1 2 0x1 0x2 t VMM_OK ", "the line ends with a space"},
+};
+
 static void parser_rejects(void **state) {
   (void)state;
-  char long_tag[257], too_long[320];
+  char long_tag[257];
   memset(long_tag, 'x', 256);
   long_tag[256] = '\0';
   snprintf(too_long, sizeof too_long, "1 alloc package 1 2 0x1 0x2 %s VMM_OK", long_tag);
-  const struct {
-    const char *line, *why;
-  } bad[] = {
-      {"vmmtrace 2", "version"},
-      {"vmmtrace", "version"},
-      {"vmmtrace 1 extra", "extra fields"},
-      {"vmmtrace 10", "version"},
-      {"x1 alloc package 1 2 0x1 0x2 t VMM_OK", "time"},
-      {"-1 alloc package 1 2 0x1 0x2 t VMM_OK", "time"},
-      {"18446744073709551616 alloc package 1 2 0x1 0x2 t VMM_OK", "time"},
-      {"1 allot package 1 2 0x1 0x2 t VMM_OK", "operation"},
-      {"1", "operation"},
-      {"1 alloc pkg 1 2 0x1 0x2 t VMM_OK", "kind"},
-      {"1 alloc", "kind"},
-      {"1 alloc package 4k 2 0x1 0x2 t VMM_OK", "requested"},
-      {"1 alloc package 1 -2 0x1 0x2 t VMM_OK", "rounded"},
-      {"1 alloc package 1 2 7f00 0x2 t VMM_OK", "pointer"},
-      {"1 alloc package 1 2 0x 0x2 t VMM_OK", "pointer"},
-      {"1 alloc package 1 2 0xZZ 0x2 t VMM_OK", "pointer"},
-      {"1 alloc package 1 2 0x10000000000000000 0x2 t VMM_OK", "pointer"},
-      {"1 alloc package 1 2 0x1 5001 t VMM_OK", "stream"},
-      {"1 alloc package 1 2 0x1 0x2", "missing tag"},
-      {"1 alloc package 1 2 0x1 0x2 t", "result"},
-      {"1 alloc package 1 2 0x1 0x2 t VMM_FINE", "result"},
-      {"1 alloc package 1 2 0x1 0x2 t VMM_OK extra", "extra fields"},
-      {"1 alloc package 1 2 0x1 0x2 ab%4 VMM_OK", "escape"},
-      {"1 alloc package 1 2 0x1 0x2 ab%4", "truncated"}, /* the escape ends the line */
-      {"1 alloc package 1 2 0x1 0x2 ab%", "truncated"},
-      {"1 alloc package 1 2 0x1 0x2 %zz VMM_OK", "bad %XX"},
-      {"1 alloc package 1 2 0x1 0x2 %00 VMM_OK", "NUL"},
-      {"1 alloc package 1 2 0x1 0x2 a\tb VMM_OK", "unescaped"},
-      {"1 alloc package 1 2 0x1 0x2 caf\xc3\xa9 VMM_OK", "unescaped"},
-      {too_long, "longer than 255"},
-      {"1 alloc - 1 2 0x1 0x2 t VMM_OK", "needs a kind"},
-      {"1 free - 0 2 0x1 0x2 t VMM_OK", "needs a kind"},
-      {"1 begin package 0 0 0x0 0x0 - VMM_OK", "no kind"},
-  };
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+  const size_t count = sizeof bad_lines / sizeof bad_lines[0];
+  for (size_t i = 0; i < count; i++) {
+    const char *line = bad_lines[i].line, *want = bad_lines[i].why;
     vmm_trace_record r;
     const char *why = NULL;
-    int rc = parse_exact(bad[i].line, &r, &why);
-    if (rc != -1 || !why || !strstr(why, bad[i].why))
-      fprintf(stderr, "\"%s\": rc %d, why \"%s\", expected \"%s\"\n", bad[i].line, rc, why ? why : "(null)", bad[i].why);
+    int rc = parse_exact(line, &r, &why);
+    if (rc != -1 || !why || strncmp(why, want, strlen(want)))
+      fprintf(stderr, "\"%s\": rc %d, why \"%s\", expected \"%s\"\n", line, rc, why ? why : "(null)", want);
     assert_int_equal(rc, -1);
     assert_non_null(why);
-    assert_non_null(strstr(why, bad[i].why));
-    assert_int_equal(parse_exact(bad[i].line, &r, NULL), -1); /* why is optional */
+    assert_memory_equal(why, want, strlen(want)); /* the message starts with this */
+    for (const char *c = why; *c; c++) assert_true(*c >= 0x20 && *c <= 0x7e);
+    assert_int_equal(parse_exact(line, &r, NULL), -1); /* why is optional */
   }
+  /* A NUL byte is a byte like any other: the parser reads len bytes, not a C string. */
+  vmm_trace_record r;
+  const char *why = NULL;
+  assert_int_equal(vmm_trace_parse_line("1 begin - 0 0 0x0 0x0 -\0VMM_OK", 30, &r, &why), -1);
+  assert_string_equal(why, "byte \\x00 at column 24 is not printable ASCII");
+  /* A good line leaves why as it was. */
+  const char *kept = "unchanged";
+  assert_int_equal(parse_exact("1 begin - 0 0 0x0 0x0 - VMM_OK", &r, &kept), 1);
+  assert_string_equal(kept, "unchanged");
 }
 
 /* Every byte a tag can hold survives format and parse. */
@@ -390,6 +418,179 @@ static void format_round_trip(void **state) {
   assert_int_equal(back.rounded, 4 * MiB);
   assert_int_equal(back.ptr, r.ptr);
   free(line);
+}
+
+/* ---- The file reader ----------------------------------------------------------------------- */
+
+static void write_bytes(const char *path, const void *data, size_t n) {
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(data, 1, n, f), n);
+  assert_int_equal(fclose(f), 0);
+}
+
+static size_t open_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  assert_non_null(d);
+  size_t n = 0;
+  while (readdir(d)) n++;
+  closedir(d);
+  return n;
+}
+
+/* Opens path, expecting a refusal whose message is exactly "PATH: want" (want names the line). */
+static void assert_refused(const char *path, const char *want, vmm_status status) {
+  char msg[512], want_msg[512];
+  snprintf(want_msg, sizeof want_msg, "%s: %s", path, want);
+  vmm_trace_reader *r = (vmm_trace_reader *)0x1;
+  assert_int_equal(vmm_trace_reader_open(path, &r, msg, sizeof msg), status);
+  assert_null(r);
+  if (strcmp(msg, want_msg)) fprintf(stderr, "got      %s\nexpected %s\n", msg, want_msg);
+  assert_string_equal(msg, want_msg);
+}
+
+#define GOOD_TRACE                                                                                        \
+  "vmmtrace 1\n"                                                                                          \
+  "# recorded by hand\n"                                                                                  \
+  "10 alloc package 4096 2097152 0x7f0000000000 0x5001 a%20b VMM_OK\n"                                    \
+  "\n"                                                                                                    \
+  "20 alloc transient 1 2097152 0x0 0x5001 - VMM_ERR_OUT_OF_MEMORY\r\n"                                    \
+  "30 free package 0 2097152 0x7f0000000000 0x5001 a%20b VMM_OK" /* the last line may lack its '\n' */
+
+/* A plain file: every record in order with its line number; comments and empty lines skipped. */
+static void reader_reads_records(void **state) {
+  (void)state;
+  char *dir = make_dir();
+  char *path = path_in(dir, "good.trace");
+  write_bytes(path, GOOD_TRACE, strlen(GOOD_TRACE));
+  size_t fds = open_fds();
+  char msg[256] = "stale";
+  vmm_trace_reader *r = NULL;
+  assert_int_equal(vmm_trace_reader_open(path, &r, msg, sizeof msg), VMM_OK);
+  assert_string_equal(msg, "");
+  assert_int_equal(vmm_trace_reader_records(r), 3);
+  assert_string_equal(vmm_trace_reader_name(r), path);
+  vmm_trace_record rec;
+  size_t line = 0;
+  const size_t lines[] = {3, 5, 6};
+  const uint64_t times[] = {10, 20, 30};
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(vmm_trace_reader_next(r, &rec, &line), 1);
+    assert_int_equal(line, lines[i]);
+    assert_int_equal(rec.t_ns, times[i]);
+  }
+  assert_int_equal(rec.op, VMM_TRACE_FREE);
+  assert_string_equal(rec.tag, "a b");
+  assert_int_equal(vmm_trace_reader_next(r, &rec, NULL), 0);
+  assert_int_equal(vmm_trace_reader_next(r, &rec, &line), 0); /* and stays at the end */
+  vmm_trace_reader_close(r);
+  vmm_trace_reader_close(NULL);
+  assert_int_equal(open_fds(), fds);
+  remove_dir(dir, &path, 1);
+}
+
+/* gzip data is decompressed; truncated and corrupt data, and no gzip to run, are refused. */
+static void reader_gzip(void **state) {
+  (void)state;
+  char *dir = make_dir();
+  char *files[5] = {path_in(dir, "t.trace"), path_in(dir, "t.trace.gz"), path_in(dir, "cut.trace.gz"),
+                    path_in(dir, "bad.trace.gz"), path_in(dir, "empty.trace.gz")};
+  write_bytes(files[0], GOOD_TRACE, strlen(GOOD_TRACE));
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "gzip -c -n '%s' > '%s' && gzip -c -n < /dev/null > '%s'", files[0], files[1], files[4]);
+  assert_int_equal(system(cmd), 0);
+  size_t len, fds = open_fds();
+  char *gz = read_file(files[1], &len);
+  assert_true(len > 20 && (unsigned char)gz[0] == 0x1f && (unsigned char)gz[1] == 0x8b);
+  char msg[256];
+  vmm_trace_reader *r = NULL;
+  assert_int_equal(vmm_trace_reader_open(files[1], &r, msg, sizeof msg), VMM_OK);
+  assert_int_equal(vmm_trace_reader_records(r), 3);
+  vmm_trace_reader_close(r);
+
+  write_bytes(files[2], gz, len / 2);
+  assert_refused(files[2], "truncated gzip data", VMM_ERR_INVALID_ARGUMENT);
+  gz[len - 8] ^= 0x5a; /* the CRC of the data */
+  write_bytes(files[3], gz, len);
+  assert_refused(files[3], "corrupt gzip data", VMM_ERR_INVALID_ARGUMENT);
+  assert_refused(files[4], "empty file (a trace begins with the line \"vmmtrace 1\")", VMM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(open_fds(), fds); /* the pipes to gzip are closed */
+
+  char *saved = strdup(getenv("PATH"));
+  assert_non_null(saved);
+  assert_int_equal(setenv("PATH", dir, 1), 0); /* no gzip here */
+  char msg_no_gzip[512];
+  assert_int_equal(vmm_trace_reader_open(files[1], &r, msg_no_gzip, sizeof msg_no_gzip), VMM_ERR_INVALID_ARGUMENT);
+  snprintf(msg, sizeof msg, "%s: gzip-compressed, but gzip cannot be run", files[1]);
+  assert_memory_equal(msg_no_gzip, msg, strlen(msg)); /* then ": No such file or directory" */
+  assert_int_equal(setenv("PATH", saved, 1), 0);
+  free(saved);
+  free(gz);
+  remove_dir(dir, files, 5);
+}
+
+/* Each refusal: one message naming the file and the line; the first problem wins. */
+static void reader_refuses(void **state) {
+  (void)state;
+  static const struct {
+    const char *text;
+    size_t len; /* 0: strlen(text) */
+    const char *want;
+  } bad[] = {
+      {"", 0, "empty file (a trace begins with the line \"vmmtrace 1\")"},
+      {"10 begin - 0 0 0x0 0x0 - VMM_OK\n", 0,
+       "line 1: expected the header \"vmmtrace 1\", found \"10 begin - 0 0 0x0 0x0 - VMM_OK\""},
+      {"# a comment first\nvmmtrace 1\n", 0, "line 1: expected the header \"vmmtrace 1\", found \"# a comment first\""},
+      {"\nvmmtrace 1\n", 0, "line 1: expected the header \"vmmtrace 1\", found \"\""},
+      {"vmmtrace 2\n", 0, "line 1: unsupported header \"vmmtrace 2\" (this reader reads \"vmmtrace 1\")"},
+      {"vmmtrace 1\n10 begin - 0 0 0x0 0x0 - VMM_OK\nvmmtrace 1\n", 0,
+       "line 3: a second header (\"vmmtrace 1\" is the first line only)"},
+      {"vmmtrace 1\n1 alloc package 1 2097152 0x1000 0x0 a%00b VMM_OK\n", 0,
+       "line 2: tag \"a%00b\": %00 (a NUL byte) cannot be in a tag"},
+      {"vmmtrace 1\n1 alloc package 1 2097152 0x1000 0x0 a  VMM_OK\n", 0,
+       "line 2: two spaces at column 39 (fields are separated by one space)"},
+      {"vmmtrace 1\n\n\n1 allc package 1 2097152 0x1000 0x0 a VMM_OK\n1 allc\n", 0,
+       "line 4: unknown operation \"allc\" (alloc, free, begin, finish, abort, pause-discard, pause-backup, resume)"},
+      {"\x7f" "ELF\x02\x01\x01\0\0\0\n", 11, "line 1: byte \\x7f at column 1 is not printable ASCII"},
+      {"vmmtrace 1\n1 begin - 0 0 0x0 0x0 \x1b[2J VMM_OK\n", 0, "line 2: byte \\x1b at column 23 is not printable ASCII"},
+  };
+  char *dir = make_dir();
+  char *path = path_in(dir, "bad.trace");
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    write_bytes(path, bad[i].text, bad[i].len ? bad[i].len : strlen(bad[i].text));
+    assert_refused(path, bad[i].want, VMM_ERR_INVALID_ARGUMENT);
+  }
+  remove_dir(dir, &path, 1);
+}
+
+/* Missing files, odd names, NULL arguments and small message buffers. */
+static void reader_arguments(void **state) {
+  (void)state;
+  char *dir = make_dir();
+  char *files[2] = {path_in(dir, "missing.trace"), path_in(dir, "we\x01ird \"name\\.trace")};
+  assert_refused(files[0], "cannot open: No such file or directory", VMM_ERR_INVALID_ARGUMENT);
+  assert_refused(dir, "cannot read the file: Is a directory", VMM_ERR_INVALID_ARGUMENT);
+  write_bytes(files[1], "vmmtrace 1\nx\n", 13);
+  char msg[512], want_msg[512];
+  snprintf(want_msg, sizeof want_msg,
+           "%s/we\\x01ird \\\"name\\\\.trace: line 2: 1 fields, expected 9 (time, operation, kind, requested, "
+           "rounded, pointer, stream, tag, result)",
+           dir);
+  vmm_trace_reader *r = NULL;
+  assert_int_equal(vmm_trace_reader_open(files[1], &r, msg, sizeof msg), VMM_ERR_INVALID_ARGUMENT);
+  assert_string_equal(msg, want_msg);
+
+  assert_int_equal(vmm_trace_reader_open(files[1], &r, msg, 12), VMM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(strlen(msg), 11); /* cut to fit, NUL-terminated */
+  assert_int_equal(vmm_trace_reader_open(files[1], &r, NULL, 0), VMM_ERR_INVALID_ARGUMENT);
+  assert_null(r);
+  assert_int_equal(vmm_trace_reader_open(NULL, &r, msg, sizeof msg), VMM_ERR_INVALID_ARGUMENT);
+  assert_string_equal(msg, "vmm_trace_reader_open: NULL path");
+  assert_int_equal(vmm_trace_reader_open(files[1], NULL, msg, sizeof msg), VMM_ERR_INVALID_ARGUMENT);
+  assert_string_equal(msg, "vmm_trace_reader_open: NULL out-pointer");
+  assert_int_equal(vmm_trace_reader_records(NULL), 0);
+  assert_int_equal(vmm_trace_reader_next(NULL, NULL, NULL), 0);
+  remove_dir(dir, files, 2);
 }
 
 /* ---- VMMARENA_TRACE ----------------------------------------------------------------------- */
@@ -450,7 +651,9 @@ static void env_errors(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(round_trip),     cmocka_unit_test(trace_on_and_off),  cmocka_unit_test(parser_accepts),
-      cmocka_unit_test(parser_rejects), cmocka_unit_test(format_round_trip), cmocka_unit_test(env_errors),
+      cmocka_unit_test(parser_rejects), cmocka_unit_test(format_round_trip), cmocka_unit_test(reader_reads_records),
+      cmocka_unit_test(reader_gzip),    cmocka_unit_test(reader_refuses),    cmocka_unit_test(reader_arguments),
+      cmocka_unit_test(env_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

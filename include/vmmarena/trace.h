@@ -10,7 +10,8 @@
  * ptr and stream: 0x-prefixed hex; tag: the tag with '%', ' ', control bytes and bytes >= 0x7f
  * written as %XX (the tag "-" itself as %2D), or '-' for none; result: a status name (VMM_OK,
  * VMM_ERR_...).
- * Lines starting with '#' are comments. */
+ * Lines starting with '#' are comments. Every byte of a line is printable ASCII (0x20 to 0x7e)
+ * and fields are separated by exactly one space. */
 #ifndef VMMARENA_TRACE_H
 #define VMMARENA_TRACE_H
 
@@ -18,6 +19,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "../vmmarena.h" /* vmm_status */
 #include "api.h"
 
 #ifdef __cplusplus
@@ -59,9 +61,52 @@ VMM_API void vmm_trace_close(vmm_trace_writer *w);
 /* Formats one record as a line (with '\n'); returns its length, or the length needed if
  * cap is too small (like snprintf). */
 VMM_API size_t vmm_trace_format(const vmm_trace_record *rec, char *buf, size_t cap);
-/* Parses one line (without or with its '\n'). Returns 1 for a record, 0 for a header,
- * comment or blank line, -1 for a malformed line (why, if non-NULL, says what is wrong). */
+/* Parses one line of exactly len bytes, without or with its line end ("\n" or "\r\n").
+ * Returns 1 for a record (filled into *rec), 0 for the header "vmmtrace 1", a comment (a
+ * line that begins with '#') or an empty line, and -1 for a malformed line: a byte outside
+ * printable ASCII (0x20 to 0x7e), fields not separated by exactly one space, a header other
+ * than "vmmtrace 1", a field count other than 9, or a field that does not read (docs/trace.md
+ * lists each). On -1, *why (if why is non-NULL) is one line of printable ASCII saying what is
+ * wrong, quoting the field ("unknown operation \"allc\" (alloc, free, ...)"); it lives in a
+ * buffer of the calling thread, valid until that thread's next call. *rec is written only for
+ * a record or a malformed record line. */
 VMM_API int vmm_trace_parse_line(const char *line, size_t len, vmm_trace_record *rec, const char **why);
+
+/* ---- Reading a trace file ------------------------------------------------------------ */
+
+typedef struct vmm_trace_reader vmm_trace_reader;
+
+/* Reads the whole trace file at path into memory and checks it: a file that begins with the
+ * gzip magic bytes (1f 8b) is decompressed first, by running `gzip -dc` (found on PATH);
+ * the first line must be exactly "vmmtrace 1"; every later line must be a record, a comment
+ * or empty by vmm_trace_parse_line (a second header is refused); the last line may lack its
+ * '\n'.
+ *
+ * Returns VMM_OK and *out, a reader that hands the records out in order
+ * (vmm_trace_reader_next; free it with vmm_trace_reader_close). Otherwise *out is NULL and
+ * the status is VMM_ERR_INVALID_ARGUMENT (a NULL argument, a file that cannot be opened or
+ * read, an empty file, gzip data that is truncated or corrupt or that gzip could not
+ * decompress, a malformed line) or VMM_ERR_OUT_OF_MEMORY (no host memory for the file).
+ * Whatever the status, msg (cap bytes, NUL-terminated, truncated to fit; may be NULL when
+ * cap is 0) gets one line of printable ASCII, "" on success; it names the file (bytes
+ * outside printable ASCII written \xNN, '\' and '"' escaped; "vmm_trace_reader_open" instead
+ * for a NULL argument) and, for a bad line, its number and what is wrong:
+ *   default.trace.gz: line 12: unknown operation "allc" (alloc, free, begin, finish, abort,
+ *   pause-discard, pause-backup, resume)
+ * The first problem is reported; nothing is printed. The file is not changed; the calling
+ * process's file descriptors, signal dispositions and environment are left as they were (gzip
+ * runs as a child process, waited for before the call returns). */
+VMM_API vmm_status vmm_trace_reader_open(const char *path, vmm_trace_reader **out, char *msg, size_t cap);
+/* Number of records in the trace (lines that are neither the header, a comment nor empty). */
+VMM_API size_t vmm_trace_reader_records(const vmm_trace_reader *r);
+/* The path as the messages write it (escaped as above), for the caller's own messages about
+ * the trace ("NAME: line 7: ..."). Valid until vmm_trace_reader_close. */
+VMM_API const char *vmm_trace_reader_name(const vmm_trace_reader *r);
+/* The next record, in file order: returns 1 and fills *rec and *line (its 1-based line
+ * number; line may be NULL), or 0 when every record has been handed out. */
+VMM_API int vmm_trace_reader_next(vmm_trace_reader *r, vmm_trace_record *rec, size_t *line);
+/* Frees the reader and its copy of the file; NULL is a no-op. */
+VMM_API void vmm_trace_reader_close(vmm_trace_reader *r);
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,7 @@ runs it with neither VMMARENA_LIBRARY nor PYTHONPATH, against a pip-installed pa
 import ctypes
 import importlib.util
 import os
+import re
 import sys
 import unittest
 
@@ -84,9 +85,47 @@ class ShimOnFakeDriver(unittest.TestCase):
                 os.environ["VMMARENA_LIBRARY"] = saved
 
     def test_only_torch_entry_points_are_exported(self):
-        for hidden in ("vmm_arena_create", "vmm_arena_alloc", "vmm_config_from_env"):
+        for hidden in ("vmm_arena_create", "vmm_arena_alloc", "vmm_config_from_env", "vmm_trace_reader_open"):
             with self.assertRaises(AttributeError, msg=hidden):
                 getattr(shim, hidden)
+
+    def test_status_codes_come_from_the_library(self):
+        codes = _lib.status_codes()
+        self.assertEqual(codes["VMM_OK"], 0)  # the one value the API fixes
+        self.assertEqual(list(codes.values()), list(range(len(codes))))
+        self.assertGreaterEqual(len(codes), 7)
+        for name, value in codes.items():
+            self.assertEqual(getattr(_lib, name), value)
+            self.assertEqual(_lib.status_name(value), name)
+        self.assertEqual(_lib.status_name(len(codes)), "VMM_STATUS_UNKNOWN")
+        with self.assertRaises(AttributeError):
+            _lib.VMM_ERR_NO_SUCH_STATUS  # noqa: B018
+        with open(_lib.__file__) as f:
+            written = re.findall(r"^(VMM_\w+) *= *\d", f.read(), re.MULTILINE)
+        self.assertEqual(written, [], "status codes written into the package instead of read from the library")
+
+    def test_trace_reader_through_the_shim(self):
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "t.trace")
+            with open(path, "w") as f:
+                f.write("vmmtrace 1\n# c\n7 alloc transient 5 2097152 0x7f0000000000 0x5001 a%20b VMM_OK\n"
+                        "9 free - 0 0 0x1000 0x0 - VMM_ERR_UNKNOWN_POINTER\n")
+            with _lib.TraceReader(path) as reader:
+                self.assertEqual((reader.name, reader.records), (path, 2))
+                got = [(line, r.t_ns, r.op, r.kind, r.requested, r.rounded, r.ptr, r.stream, r.tag, r.result)
+                       for line, r in reader]
+            self.assertEqual(got, [(3, 7, 0, 1, 5, 2097152, 0x7F0000000000, 0x5001, b"a b", _lib.VMM_OK),
+                                   (4, 9, 1, -1, 0, 0, 0x1000, 0, b"", _lib.VMM_ERR_UNKNOWN_POINTER)])
+            with open(path, "a") as f:
+                f.write("10 allc\n")
+            with self.assertRaises(_lib.TraceFileError) as cm:
+                _lib.TraceReader(path)
+            self.assertEqual(cm.exception.message, f"{path}: line 5: 2 fields, expected 9 (time, operation, kind, "
+                             "requested, rounded, pointer, stream, tag, result)")
+            self.assertEqual(cm.exception.status_name, "VMM_ERR_INVALID_ARGUMENT")
+            self.assertIsInstance(cm.exception, ValueError)
 
     # ---- Configuration ------------------------------------------------------------------
 

@@ -4,14 +4,15 @@
     vmmarena memviz TRACE -o OUT.pickle        an operation trace for PyTorch's memory_viz
     vmmarena library                           the path of libvmmarena_torch.so in use
 
-Exit status: 0 done, 1 an internal failure, 2 bad usage or bad input (with a message on
-stderr naming the file and what is wrong).
+Exit status: 0 done, 1 an internal failure, 2 bad usage or bad input (with one line on
+stderr naming the file and what is wrong), or a library that cannot be loaded (memviz reads
+traces with it).
 """
 
 import argparse
 import sys
 
-from . import _memviz, _stat
+from . import _lib, _memviz, _stat
 
 
 def _stat_command(args):
@@ -37,7 +38,7 @@ def _stat_command(args):
 def _memviz_command(args):
     try:
         snapshot, conv = _memviz.convert(args.trace, device=args.device, retention=args.retention == "on")
-    except _memviz.TraceError as e:
+    except (_memviz.TraceError, _lib.VmmarenaError) as e:
         print(f"vmmarena memviz: {e}", file=sys.stderr)
         return 2
     try:
@@ -61,11 +62,9 @@ def _memviz_command(args):
 
 
 def _library_command(args):
-    from ._lib import VmmarenaError, library_path
-
     try:
-        print(library_path())
-    except VmmarenaError as e:
+        print(_lib.library_path())
+    except _lib.VmmarenaError as e:
         print(f"vmmarena library: {e}", file=sys.stderr)
         return 2
     return 0

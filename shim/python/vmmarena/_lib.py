@@ -1,4 +1,5 @@
-"""ctypes binding of libvmmarena_torch.so: finding it, prototypes, status codes, errors.
+"""ctypes binding of libvmmarena_torch.so: finding it, prototypes, status codes, errors, and
+the library's trace reader.
 
 Nothing here imports torch.
 """
@@ -9,15 +10,10 @@ import os
 import threading
 
 LIBRARY_NAME = "libvmmarena_torch.so"
-
-# vmm_status values (include/vmmarena.h); names come from the library itself.
-VMM_OK = 0
-VMM_ERR_INVALID_ARGUMENT = 1
-VMM_ERR_UNKNOWN_POINTER = 2
-VMM_ERR_OUT_OF_MEMORY = 3
-VMM_ERR_SCOPE_STATE = 4
-VMM_ERR_DRIVER = 5
-VMM_ERR_NO_DRIVER = 6
+# What vmm_status_name answers for a value past the last status (include/vmmarena.h).
+_STATUS_PAST_THE_END = "VMM_STATUS_UNKNOWN"
+# Bytes for the trace reader's one-line message.
+_TRACE_MESSAGE_CAP = 2048
 
 
 class VmmarenaError(RuntimeError):
@@ -38,6 +34,7 @@ class VmmarenaConfigError(VmmarenaError, ValueError):
 _lock = threading.Lock()
 _lib = None
 _path = None
+_status_codes = None
 
 
 def library_path():
@@ -94,6 +91,13 @@ def lib():
             _prototype(handle, "vmm_torch_pause", c_int, c_int, c_str, c_int)
             _prototype(handle, "vmm_torch_resume", c_int, c_int, c_str)
             _prototype(handle, "vmm_torch_set_driver_for_testing", c_int, c_void)
+            _prototype(handle, "vmm_torch_trace_open", c_int, c_str, ctypes.POINTER(c_void), c_buf, c_size)
+            _prototype(handle, "vmm_torch_trace_records", c_size, c_void)
+            _prototype(handle, "vmm_torch_trace_name", c_str, c_void)
+            _prototype(handle, "vmm_torch_trace_next", c_int, c_void, ctypes.POINTER(TraceRecord),
+                       ctypes.POINTER(c_size))
+            _prototype(handle, "vmm_torch_trace_close", None, c_void)
+            _prototype(handle, "vmm_torch_trace_record_size", c_size)
             _lib, _path = handle, path
     return _lib
 
@@ -108,6 +112,32 @@ def status_name(status):
     return lib().vmm_torch_status_name(status).decode()
 
 
+def status_codes():
+    """{name: value} of every vmm_status, as the library names them (vmm_status_name)."""
+    global _status_codes
+    if _status_codes is None:
+        codes = {}
+        for value in range(256):  # a handful; the bound only guards against a broken library
+            name = status_name(value)
+            if name == _STATUS_PAST_THE_END:
+                break
+            codes[name] = value
+        _status_codes = codes
+    return _status_codes
+
+
+def _code(name):
+    return status_codes()[name]
+
+
+def __getattr__(name):
+    """The status codes as module attributes (_lib.VMM_OK, _lib.VMM_ERR_DRIVER, ...), read
+    from the library on first use."""
+    if name.startswith("VMM_") and name in status_codes():
+        return status_codes()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def last_error(device):
     """Message of the latest failure through the shim on `device` ("" if none)."""
     return lib().vmm_torch_last_error(device).decode(errors="replace")
@@ -115,7 +145,7 @@ def last_error(device):
 
 def check(device, status):
     """Raises VmmarenaError for a non-zero status of a call on `device`."""
-    if status != VMM_OK:
+    if status != _code("VMM_OK"):
         raise VmmarenaError(last_error(device), status, status_name(status))
 
 
@@ -124,7 +154,7 @@ def config_check():
     (a ValueError) naming the variable and the value if one is bad."""
     buf = ctypes.create_string_buffer(1024)
     status = lib().vmm_torch_config_check(buf, len(buf))
-    if status != VMM_OK:
+    if status != _code("VMM_OK"):
         raise VmmarenaConfigError(buf.value.decode(errors="replace"), status, status_name(status))
 
 
@@ -137,8 +167,64 @@ def snapshot_json(device):
             raise VmmarenaError(last_error(device), None, None)
         buf = ctypes.create_string_buffer(needed + 4096)
         status = handle.vmm_torch_snapshot_json(device, buf, len(buf))
-        if status == VMM_OK:
+        if status == _code("VMM_OK"):
             return buf.value.decode()
-        if status != VMM_ERR_INVALID_ARGUMENT:
+        if status != _code("VMM_ERR_INVALID_ARGUMENT"):
             check(device, status)
     check(device, status)
+
+
+# ---- Trace files ----------------------------------------------------------------------------
+
+
+class TraceRecord(ctypes.Structure):
+    """vmm_trace_record (include/vmmarena/trace.h): op is a vmm_trace_op, kind a vmm_kind or
+    -1, tag the decoded tag bytes, result a vmm_status."""
+
+    _fields_ = [("t_ns", ctypes.c_uint64), ("op", ctypes.c_int), ("kind", ctypes.c_int),
+                ("requested", ctypes.c_uint64), ("rounded", ctypes.c_uint64), ("ptr", ctypes.c_uint64),
+                ("stream", ctypes.c_uint64), ("tag", ctypes.c_char * 256), ("result", ctypes.c_int)]
+
+
+class TraceFileError(VmmarenaError, ValueError):
+    """The library's trace reader refused a file; the message is its one line, naming the
+    file and, for a bad line, the line number."""
+
+
+class TraceReader:
+    """A trace file, read whole and checked by the library (vmm_trace_reader_open: plain or
+    gzip, the header, every line). Iterating gives (line number, TraceRecord) in file order.
+    `name` is the path as the library's messages write it; `records` the record count."""
+
+    def __init__(self, path):
+        handle = lib()
+        if handle.vmm_torch_trace_record_size() != ctypes.sizeof(TraceRecord):
+            raise VmmarenaError(f"{_path}: vmm_trace_record has {handle.vmm_torch_trace_record_size()} bytes, "
+                                f"this package's copy {ctypes.sizeof(TraceRecord)}: the library and package differ")
+        msg = ctypes.create_string_buffer(_TRACE_MESSAGE_CAP)
+        reader = ctypes.c_void_p()
+        status = handle.vmm_torch_trace_open(os.fsencode(path), ctypes.byref(reader), msg, len(msg))
+        if status != _code("VMM_OK"):
+            raise TraceFileError(msg.value.decode("ascii", errors="backslashreplace"), status, status_name(status))
+        self._handle, self._reader = handle, reader
+        self.name = handle.vmm_torch_trace_name(reader).decode("ascii", errors="backslashreplace")
+        self.records = handle.vmm_torch_trace_records(reader)
+
+    def __iter__(self):
+        line = ctypes.c_size_t()
+        while self._reader:
+            record = TraceRecord()
+            if not self._handle.vmm_torch_trace_next(self._reader, ctypes.byref(record), ctypes.byref(line)):
+                return
+            yield line.value, record
+
+    def close(self):
+        if self._reader:
+            self._handle.vmm_torch_trace_close(self._reader)
+            self._reader = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -2,129 +2,55 @@
 tools read (the dict torch.cuda.memory._snapshot() returns), so that a vmmarena run opens in
 memory_viz. docs/memviz.md gives the mapping field by field and what has no equivalent.
 
-Each vmmarena mapping is one segment holding one block. No torch import is needed.
+Each vmmarena mapping is one segment holding one block. No torch import is needed. The trace
+is read by the library's own reader (vmm_trace_reader_open, through the shim), the one the
+replay tool uses, so both accept and refuse the same files with the same message.
 """
 
 import bisect
-import gzip
 import pickle
+
+from . import _lib
 
 # The pickle protocol that memory_viz's own unpickler (MemoryViz.js) reads: 2 to 4.
 PICKLE_PROTOCOL = 4
 
+# vmm_trace_op and vmm_kind, in enum order (include/vmmarena/trace.h, include/vmmarena.h).
 OPS = ("alloc", "free", "begin", "finish", "abort", "pause-discard", "pause-backup", "resume")
-KIND_FIELDS = ("package", "transient", "-")
+KINDS = ("package", "transient")
 NO_TAG = "(no tag)"
 
 
 class TraceError(ValueError):
-    """The trace cannot be read or is inconsistent; the message names the file and line."""
+    """The trace cannot be read or is inconsistent; the message names the file and the line."""
 
 
 # ---- Reading ------------------------------------------------------------------------------
 
 
-def _unescape_tag(field):
-    if field == "-":
-        return ""
-    out = bytearray()
-    i = 0
-    raw = field.encode("ascii", errors="strict")
-    while i < len(raw):
-        c = raw[i]
-        if c == ord("%"):
-            pair = raw[i + 1 : i + 3]
-            if len(pair) < 2:
-                raise ValueError(f"tag {field!r}: truncated %XX escape")
-            try:
-                out.append(int(pair, 16))
-            except ValueError:
-                raise ValueError(f"tag {field!r}: bad %XX escape {pair.decode()!r}") from None
-            i += 3
-        elif 0x21 <= c <= 0x7E:
-            out.append(c)
-            i += 1
-        else:
-            raise ValueError(f"tag {field!r}: byte 0x{c:02x} is not escaped")
-    return out.decode("utf-8", errors="replace")
-
-
-def _decimal(field, name):
-    if not field.isdigit() or not field.isascii():
-        raise ValueError(f"{name} {field!r} is not a decimal number")
-    return int(field)
-
-
-def _hex(field, name):
-    if not field.startswith("0x") or len(field) < 3:
-        raise ValueError(f"{name} {field!r} lacks the 0x prefix")
-    try:
-        value = int(field[2:], 16)
-    except ValueError:
-        raise ValueError(f"{name} {field!r} is not hexadecimal") from None
-    if value >= 1 << 64:
-        raise ValueError(f"{name} {field!r} is over 64 bits")
-    return value
-
-
-def parse_line(text):
-    """One trace line as a dict, or None for the header, a comment or a blank line.
-    Raises ValueError saying what is wrong."""
-    text = text.rstrip("\r\n")
-    if not text.strip() or text.startswith("#"):
-        return None
-    if text.startswith("vmmtrace"):
-        if text != "vmmtrace 1":
-            raise ValueError(f"header {text!r}: this tool reads 'vmmtrace 1'")
-        return None
-    fields = text.split(" ")
-    if len(fields) != 9:
-        raise ValueError(f"{len(fields)} fields, expected 9")
-    t_ns, op, kind, requested, rounded, ptr, stream, tag, result = fields
-    if op not in OPS:
-        raise ValueError(f"unknown operation {op!r} (this tool reads {', '.join(OPS)})")
-    if kind not in KIND_FIELDS:
-        raise ValueError(f"unknown kind {kind!r}")
-    if not result.startswith("VMM_"):
-        raise ValueError(f"result {result!r} is not a status name")
+def _record(r, status_names):
+    """A TraceRecord as the dict the converter reads; status_names maps vmm_status values to
+    their names."""
     return {
-        "t_ns": _decimal(t_ns, "time"),
-        "op": op,
-        "kind": None if kind == "-" else kind,
-        "requested": _decimal(requested, "requested"),
-        "rounded": _decimal(rounded, "rounded"),
-        "ptr": _hex(ptr, "ptr"),
-        "stream": _hex(stream, "stream"),
-        "tag": _unescape_tag(tag),
-        "result": result,
+        "t_ns": r.t_ns,
+        "op": OPS[r.op],
+        "kind": KINDS[r.kind] if r.kind >= 0 else None,
+        "requested": r.requested,
+        "rounded": r.rounded,
+        "ptr": r.ptr,
+        "stream": r.stream,
+        "tag": r.tag.decode("utf-8", errors="replace"),
+        "result": status_names[r.result],
     }
 
 
-def read_trace(path):
-    """Yields (line number, record) for each record of a plain or gzip-compressed trace."""
+def open_trace(path):
+    """The library's reader on a plain or gzip trace (the file read and checked whole).
+    Raises TraceError with the reader's one-line message."""
     try:
-        with open(path, "rb") as f:
-            gzipped = f.read(2) == b"\x1f\x8b"
-        opener = gzip.open if gzipped else open
-        with opener(path, "rb") as f:
-            seen_header = False
-            for number, raw in enumerate(f, start=1):
-                try:
-                    line = raw.decode("ascii")
-                except UnicodeDecodeError:
-                    raise TraceError(f"{path}:{number}: not ASCII (tags are %XX-escaped)") from None
-                if not seen_header and line.strip() and not line.startswith("#"):
-                    if not line.startswith("vmmtrace"):
-                        raise TraceError(f"{path}:{number}: expected the header 'vmmtrace 1', found {line.strip()[:40]!r}")
-                    seen_header = True
-                try:
-                    record = parse_line(line)
-                except ValueError as e:
-                    raise TraceError(f"{path}:{number}: {e}") from None
-                if record is not None:
-                    yield number, record
-    except OSError as e:
-        raise TraceError(f"cannot read {path}: {e.strerror or e}") from None
+        return _lib.TraceReader(path)
+    except _lib.TraceFileError as e:
+        raise TraceError(e.message) from None
 
 
 # ---- Converting ---------------------------------------------------------------------------
@@ -162,7 +88,7 @@ class Converter:
     # -- helpers
 
     def _where(self, line):
-        return f"{self.source}:{line}"
+        return f"{self.source}: line {line}"
 
     def _frames(self, kind, tag, line):
         return [{"filename": kind or "vmmarena", "line": line, "name": tag or NO_TAG}]
@@ -306,7 +232,7 @@ class Converter:
         if total != r["rounded"]:
             tag = r["tag"] or NO_TAG
             self.warnings.append(
-                f"{self._where(line)}: {what} of tag {tag!r} reports {r['rounded']} B; the trace's mappings "
+                f"{self._where(line)}: {what} of tag {tag!a} reports {r['rounded']} B; the trace's mappings "
                 f"of that tag hold {total} B"
             )
 
@@ -333,9 +259,11 @@ class Converter:
 
 def convert(path, device=0, retention=True):
     """(snapshot dict, Converter) for the trace at path."""
-    c = Converter(device=device, retention=retention, source=str(path))
-    for line, record in read_trace(path):
-        c.feed(line, record)
+    with open_trace(path) as reader:
+        c = Converter(device=device, retention=retention, source=reader.name)
+        status_names = {value: name for name, value in _lib.status_codes().items()}
+        for line, record in reader:
+            c.feed(line, _record(record, status_names))
     return c.snapshot(), c
 
 
