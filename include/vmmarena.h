@@ -113,6 +113,7 @@ typedef struct vmm_config {
   uint64_t peer_access_mask;       /* VMMARENA_PEER_ACCESS: bit d grants device d access to mappings */
   const char *trace_path;          /* VMMARENA_TRACE: operation trace file, NULL = off */
   int log_level;                   /* VMMARENA_LOG: 0 off, 1 error, 2 info, 3 debug */
+  int caching;                     /* VMMARENA_CACHE on|off: the arena caches every free and carves small requests (whole-process mode); 0 = off */
   size_t pause_staging;            /* VMMARENA_PAUSE_STAGING: pinned staging bytes of VMM_PAUSE_BACKUP copies, 64 MiB; bit 63 set ("64M,keep"): kept while nothing is paused; 0 = synchronous copies */
   const struct vmm_driver *driver; /* NULL = the CUDA driver (libcuda.so.1) */
 } vmm_config;
@@ -207,6 +208,79 @@ VMM_API vmm_status vmm_arena_quiesce(vmm_arena *arena);
 VMM_API size_t vmm_arena_granularity(const vmm_arena *arena);
 /* Device ordinal of the arena (-1 for NULL). */
 VMM_API int vmm_arena_device(const vmm_arena *arena);
+
+/* ---- Whole-process mode: the arena as the caching layer of every allocation ---------- */
+
+/* With vmm_config.caching on (VMMARENA_CACHE=on), the arena caches what is freed outside a
+ * retention scope too, as it does inside one:
+ *   - a free keeps its memory: the mapping stays mapped in the pool (either kind), and a later
+ *     request of the same size, kind and pool takes it back with no driver call; any other
+ *     request is assembled from idle handles (and from pooled mappings whose frees are known
+ *     complete) before new memory is created;
+ *   - a request below the granularity is carved from a page: a one-granule mapping cut into
+ *     equal slots of one size class, serving one (size class, kind, tag, stream, pool); a
+ *     page whose slots are all free goes back to the pool as a whole mapping;
+ *   - nothing is released until vmm_arena_empty_cache, or until new memory is refused (the
+ *     limit, the headroom or the driver): then the cache outside a scope is released and the
+ *     request tried once more. Inside a scope nothing is released before finish.
+ * Stream order is kept without a host wait on the allocation path: memory freed on a stream
+ * is reused at once on it, and on another only once that stream waits for an event recorded
+ * after the free (and after the work of every stream vmm_arena_record_stream added). */
+
+/* A pool of memory kept apart from the others: PyTorch's private pool of a CUDA graph. Memory
+ * allocated into a pool and freed is reused only by allocations into the same pool until the
+ * pool is released. 0 (VMM_POOL_SHARED) is the cache every other allocation shares. */
+typedef uint64_t vmm_pool_id;
+#define VMM_POOL_SHARED ((vmm_pool_id)0)
+
+/* vmm_arena_alloc into `pool`. A request of pool p takes a pooled mapping or a page of pool p
+ * first, else shared or new memory, which then belongs to p. Errors as vmm_arena_alloc; a
+ * pool already released: VMM_ERR_INVALID_ARGUMENT, nothing allocated. */
+VMM_API vmm_status vmm_arena_alloc_in(vmm_arena *arena, size_t bytes, vmm_kind kind, CUstream stream, vmm_pool_id pool,
+                                      void **out);
+/* Adds `stream` to the streams that use the allocation at `ptr` (a base, or a slot of a
+ * page): once it is freed, its memory is reused only after the work queued on `stream` by then
+ * (an event the reusing stream waits on; the host never waits). A stream that is the
+ * allocation's own, or already added, is a no-op.
+ *   VMM_ERR_UNKNOWN_POINTER   ptr is not a live allocation; nothing changes;
+ *   VMM_ERR_OUT_OF_MEMORY     no host memory to remember the stream; nothing changes. */
+VMM_API vmm_status vmm_arena_record_stream(vmm_arena *arena, void *ptr, CUstream stream);
+/* A capture into `pool` begins or ends (PyTorch's begin and end of allocating to a pool).
+ * While a capture is underway, a free of shared-pool memory on a capturing stream waits for the
+ * capture to end before its memory is reused (the graph may use it until then); otherwise a
+ * free asks the driver nothing. VMM_POOL_SHARED or a released pool (begin), or an end with no
+ * capture underway: VMM_ERR_INVALID_ARGUMENT, nothing changed. */
+VMM_API vmm_status vmm_arena_capture_begin(vmm_arena *arena, vmm_pool_id pool);
+VMM_API vmm_status vmm_arena_capture_end(vmm_arena *arena, vmm_pool_id pool);
+/* Releases `pool` (its graph is gone): waits for the device's work, then the pool's cached
+ * memory joins the shared cache, and its live allocations join it when they are freed. Later
+ * requests into `pool` are refused. Releasing VMM_POOL_SHARED: VMM_ERR_INVALID_ARGUMENT.
+ * VMM_ERR_DRIVER if the wait fails; the pool then stays as it was. */
+VMM_API vmm_status vmm_arena_release_pool(vmm_arena *arena, vmm_pool_id pool);
+/* Gives the cached memory back to the driver: outside a retention scope, every pooled
+ * mapping is unmapped (after its stream's work) and every idle handle released; empty pages
+ * went back to the pool already. Inside a scope nothing is released (the scope's rule) and the
+ * call returns VMM_OK. A failed unmap or release stops the call with VMM_ERR_DRIVER, keeping
+ * what it had not reached cached; a later call resumes. */
+VMM_API vmm_status vmm_arena_empty_cache(vmm_arena *arena);
+
+/* Usage in the terms of PyTorch's allocator statistics. */
+typedef struct vmm_usage {
+  uint64_t allocated_bytes, allocated_peak_bytes;   /* handed out: whole mappings' extents and page slots */
+  uint64_t allocations, allocations_peak;           /* live allocations (mappings and slots) */
+  uint64_t reserved_bytes, reserved_peak_bytes;     /* physical memory held (the snapshot's physical bytes) */
+  uint64_t cached_bytes;                            /* reserved but not handed out: pooled, idle, page room */
+  uint64_t alloc_count, free_count;                 /* successful allocations and frees, ever */
+  uint64_t refusals;                                /* allocations refused for want of memory, ever */
+  uint64_t cache_releases;                          /* times the cache was released to serve a request */
+  uint64_t pages, page_slots_used;                  /* pages carved now, and their slots in use */
+} vmm_usage;
+
+/* The arena's usage now. NULL arena or out: VMM_ERR_INVALID_ARGUMENT. */
+VMM_API vmm_status vmm_arena_usage(vmm_arena *arena, vmm_usage *out);
+/* Sets every peak of vmm_usage (and the snapshot's physical and mapped peaks) to the current
+ * value. NULL arena: VMM_ERR_INVALID_ARGUMENT. */
+VMM_API vmm_status vmm_arena_reset_peaks(vmm_arena *arena);
 
 /* ---- Retention scope ----------------------------------------------------------------- */
 

@@ -61,3 +61,21 @@ void vmm_add_mapped(vmm_arena *a, size_t bytes) {
   a->mapped_bytes += bytes;
   if (a->mapped_bytes > a->mapped_peak) a->mapped_peak = a->mapped_bytes;
 }
+
+void vmm_usage_fill(const vmm_arena *a, vmm_usage *u) {
+  *u = (vmm_usage){
+      .allocated_bytes = a->allocated_bytes,
+      .allocated_peak_bytes = a->allocated_peak,
+      .allocations = a->allocations,
+      .allocations_peak = a->allocations_peak,
+      .reserved_bytes = a->physical_bytes,
+      .reserved_peak_bytes = a->physical_peak,
+      .cached_bytes = a->physical_bytes > a->allocated_bytes ? a->physical_bytes - a->allocated_bytes : 0,
+      .alloc_count = a->allocs,
+      .free_count = a->frees,
+      .refusals = a->refusals,
+      .cache_releases = a->cache_releases,
+      .pages = a->pages.pages,
+      .page_slots_used = a->pages.slots_used,
+  };
+}

@@ -1,14 +1,13 @@
-/* Arena: the public entry points for memory. Allocate (the ordered list of sources below),
- * free, quiesce, destroy, and the error accessors. One mutex per arena; stream
- * synchronization happens outside it. Creation is in arena_create.c; docs/design.md draws
- * how the other files divide the work. */
+/* Arena: whole mappings. Where a mapping comes from (the ordered list of sources below), how a
+ * live one is freed (pooled, deferred, abandoned or unmapped), quiesce, destroy, and the error
+ * accessors. One mutex per arena; stream synchronization happens outside it. The public
+ * allocate and free are in alloc.c, creation in arena_create.c; docs/design.md draws how the
+ * other files divide the work. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
-
-#define VMM_MAX_ALLOC ((size_t)1 << 47) /* 128 TiB: more than any device's VA space */
 
 size_t vmm_arena_granularity(const vmm_arena *a) { return a ? a->granularity : 0; }
 int vmm_arena_device(const vmm_arena *a) { return a ? a->cfg.device : -1; }
@@ -18,7 +17,7 @@ int vmm_arena_device(const vmm_arena *a) { return a ? a->cfg.device : -1; }
 #define NOTHING VMM_STATUS_COUNT /* a source that does not apply, or found nothing */
 
 static bool pooling(const vmm_arena *a, const vmm_request *req) {
-  return vmm_retaining(a) && req->kind == VMM_KIND_TRANSIENT && a->cfg.reuse != VMM_REUSE_NONE;
+  return vmm_caching(a) && a->cfg.reuse != VMM_REUSE_NONE && vmm_frees_to_pool(a, req->kind);
 }
 
 static bool assembling(const vmm_arena *a, const vmm_request *req) {
@@ -33,10 +32,26 @@ static size_t reuse_limit(const vmm_arena *a, size_t rounded) {
   return bound >= (double)SIZE_MAX ? SIZE_MAX : (size_t)bound;
 }
 
+/* A pooled mapping goes only to a request of its kind and pool, ordered after its streams. */
+typedef struct hit_ctx {
+  vmm_reuse_ctx order;
+  vmm_kind kind;
+  vmm_pool_id pool;
+} hit_ctx;
+
+static bool hit_usable(void *arg, vmm_mapping *m) {
+  hit_ctx *c = arg;
+  return m->kind == c->kind && m->pool == c->pool && vmm_usable_on_stream(&c->order, m);
+}
+
+static vmm_mapping *take_pooled(vmm_arena *a, const vmm_request *req, size_t most) {
+  hit_ctx c = {{a, req->stream, -1}, req->kind, req->pool};
+  return vmm_pool_take(&a->store.pool, req->rounded, most, hit_usable, &c);
+}
+
 static vmm_status from_pool(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
   if (!pooling(a, req)) return NOTHING;
-  vmm_reuse_ctx rc = {a, req->stream, -1};
-  *out = vmm_pool_take(&a->store.pool, req->rounded, reuse_limit(a, req->rounded), vmm_usable_on_stream, &rc);
+  *out = take_pooled(a, req, reuse_limit(a, req->rounded));
   if (*out) a->pool_hits++;
   else a->pool_misses++;
   return *out ? VMM_OK : NOTHING;
@@ -52,8 +67,7 @@ static vmm_status from_new_memory(vmm_arena *a, const vmm_request *req, vmm_mapp
 
 static vmm_status from_any_pooled(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
   if (!pooling(a, req)) return NOTHING;
-  vmm_reuse_ctx rc = {a, req->stream, -1};
-  *out = vmm_pool_take(&a->store.pool, req->rounded, SIZE_MAX, vmm_usable_on_stream, &rc);
+  *out = take_pooled(a, req, SIZE_MAX);
   if (*out) a->pool_fallbacks++;
   return *out ? VMM_OK : NOTHING;
 }
@@ -64,21 +78,37 @@ static vmm_status from_idle_padded(vmm_arena *a, const vmm_request *req, vmm_map
   return st == VMM_ERR_OUT_OF_MEMORY ? NOTHING : st;
 }
 
-/* Where an allocation comes from, in this order. A source answers with a mapping, NOTHING
- * (the next one tries), a refusal of new memory (VMM_ERR_OUT_OF_MEMORY: the next one tries,
- * and the fallbacks open), or another error, which ends the list. */
+/* Whole-process mode outside a scope: the cache goes back to the driver, then the request is
+ * tried once more. */
+static bool has_cache(const vmm_arena *a) { return a->store.pool.count || a->store.idle_count || a->pages.pages; }
+
+static vmm_status from_released_cache(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
+  if (!a->cfg.caching || vmm_retaining(a) || !has_cache(a)) return NOTHING;
+  char refusal[sizeof a->last_error];
+  memcpy(refusal, a->last_error, sizeof refusal);
+  vmm_status st = vmm_cache_release(a, "a request refused new memory");
+  memcpy(a->last_error, refusal, sizeof refusal); /* the refusal stays the message if the retry fails too */
+  if (st != VMM_OK) return NOTHING;
+  a->cache_releases++;
+  return vmm_assemble(a, req, vmm_assembly_mode_for(a, req->kind), NULL, out);
+}
+
+/* Where a mapping comes from, in this order. A source answers with a mapping, NOTHING (the
+ * next one tries), a refusal of new memory (VMM_ERR_OUT_OF_MEMORY: the next one tries, and
+ * the fallbacks open), or another error, which ends the list. */
 static const struct {
   bool after_refusal; /* tried only once new memory was refused */
   vmm_status (*take)(vmm_arena *a, const vmm_request *req, vmm_mapping **out);
 } sources[] = {
-    {false, from_pool},         /* pool hit: a pooled mapping the reuse policy allows, no driver call */
-    {false, from_idle_and_new}, /* assembly: idle handles back to back, new memory only for the rest */
-    {false, from_new_memory},   /* new memory: one handle, where nothing is retained */
-    {true, from_any_pooled},    /* pooled fallback: any pooled mapping that fits, whatever its size */
-    {true, from_idle_padded},   /* padded assembly: idle handles, the last one larger than what is left */
+    {false, from_pool},          /* pool hit: a pooled mapping the reuse policy allows, no driver call */
+    {false, from_idle_and_new},  /* assembly: idle handles back to back, new memory only for the rest */
+    {false, from_new_memory},    /* new memory: one handle, where nothing is kept */
+    {true, from_any_pooled},     /* pooled fallback: any pooled mapping that fits, whatever its size */
+    {true, from_idle_padded},    /* padded assembly: idle handles, the last one larger than what is left */
+    {true, from_released_cache}, /* whole-process mode: the cache released, then new memory again */
 };
 
-static vmm_status alloc_locked(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
+vmm_status vmm_alloc_mapping(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
   vmm_process_deferred(a);
   char refusal[sizeof a->last_error];
   bool refused = false;
@@ -86,7 +116,7 @@ static vmm_status alloc_locked(vmm_arena *a, const vmm_request *req, vmm_mapping
     if (sources[i].after_refusal && !refused) continue;
     vmm_status st = sources[i].take(a, req, out);
     if (st == VMM_OK) {
-      vmm_mapping_hand_out(a, *out, req->bytes, req->stream, req->tag, a->scope == VMM_SCOPE_ACTIVE ? a->scope_id : 0);
+      vmm_mapping_hand_out(a, *out, req, a->scope == VMM_SCOPE_ACTIVE ? a->scope_id : 0);
       return VMM_OK;
     }
     if (st == NOTHING) continue;
@@ -95,6 +125,7 @@ static vmm_status alloc_locked(vmm_arena *a, const vmm_request *req, vmm_mapping
     refused = true;
   }
   vmm_assert(refused);
+  a->refusals++;
   if (!pooling(a, req)) {
     memcpy(a->last_error, refusal, sizeof refusal);
     return VMM_ERR_OUT_OF_MEMORY;
@@ -105,39 +136,26 @@ static vmm_status alloc_locked(vmm_arena *a, const vmm_request *req, vmm_mapping
                   vmm_fmt_bytes(a->store.idle_bytes, b[1]));
 }
 
-vmm_status vmm_arena_alloc(vmm_arena *a, size_t bytes, vmm_kind kind, CUstream stream, void **out) {
-  if (!a) return VMM_ERR_INVALID_ARGUMENT;
-  pthread_mutex_lock(&a->lock);
-  vmm_status st;
-  vmm_request req = {bytes, 0, kind, stream, vmm_tag_current_id()};
-  vmm_mapping *m = NULL;
-  if (!out) {
-    st = vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "vmm_arena_alloc: NULL out-pointer (%zu bytes requested)", bytes);
-  } else if ((unsigned)kind >= VMM_KIND_COUNT) {
-    *out = NULL;
-    st = vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "vmm_arena_alloc: unknown kind %d", (int)kind);
-  } else if (bytes == 0) {
-    *out = NULL;
-    st = vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "vmm_arena_alloc: 0 bytes requested (%s)", vmm_kind_name(kind));
-  } else if (bytes > VMM_MAX_ALLOC) {
-    *out = NULL;
-    st = vmm_fail(a, VMM_ERR_INVALID_ARGUMENT,
-                  "vmm_arena_alloc: %zu bytes (%s) is more than the %zu-byte virtual address space", bytes,
-                  vmm_kind_name(kind), VMM_MAX_ALLOC);
-  } else {
-    *out = NULL;
-    req.rounded = vmm_round_up(a, bytes);
-    st = alloc_locked(a, &req, &m);
-    if (st == VMM_OK) {
-      a->allocs++;
-      *out = (void *)(uintptr_t)m->base;
-    }
+/* ---- Releasing the cache ---------------------------------------------------------- */
+
+/* Empty pages (their last slot given back after a wait) back to the pool as whole mappings. */
+static void free_empty_pages(vmm_arena *a) {
+  vmm_mapping *m;
+  while ((m = vmm_pages_find_empty(a)) != NULL) {
+    CUstream stream = m->page->set->key.stream;
+    bool freed;
+    vmm_pages_uncarve(a, m);
+    (void)vmm_free_mapping(a, m, stream, &freed);
   }
-  vmm_trace_arena_op(a, VMM_TRACE_ALLOC, (unsigned)kind < VMM_KIND_COUNT ? (int)kind : -1, bytes, req.rounded,
-                     m && st == VMM_OK ? m->base : 0, stream, req.tag, st);
-  vmm_ctx_leave(a);
-  pthread_mutex_unlock(&a->lock);
-  return st;
+}
+
+vmm_status vmm_cache_release(vmm_arena *a, const char *what) {
+  vmm_status st;
+  free_empty_pages(a);
+  if ((st = vmm_drain_wait(a, what)) != VMM_OK) return st;
+  vmm_process_deferred(a);
+  if ((st = vmm_drain_pool(a, what)) != VMM_OK) return st;
+  return vmm_drain_idle(a, what);
 }
 
 /* ---- Free ---------------------------------------------------------------------------- */
@@ -154,12 +172,18 @@ static const char *state_name(vmm_mapping_state s) {
   return "?";
 }
 
-static vmm_status refuse_pointer(vmm_arena *a, CUdeviceptr p, vmm_mapping *m) {
+vmm_status vmm_refuse_pointer(vmm_arena *a, CUdeviceptr p, vmm_mapping *m) {
   char b[32];
-  if (m)
+  if (m && !m->page)
     return vmm_fail(a, VMM_ERR_UNKNOWN_POINTER, "free(0x%llx): %s %s allocation of %zu bytes is %s", (unsigned long long)p,
                     vmm_fmt_bytes(m->extent, b), vmm_kind_name(m->kind), m->requested, state_name(m->state));
-  vmm_mapping *c = vmm_table_containing(&a->table, p);
+  vmm_mapping *c = m ? m : vmm_table_containing(&a->table, p);
+  if (c && c->page)
+    return vmm_fail(a, VMM_ERR_UNKNOWN_POINTER,
+                    "free(0x%llx): no taken slot starts there in the %s page at 0x%llx (slots of %zu bytes, %u of %u "
+                    "taken); free takes the address allocated",
+                    (unsigned long long)p, vmm_kind_name(c->kind), (unsigned long long)c->base,
+                    c->page->set->key.slot_size, c->page->used, c->page->slots);
   if (c)
     return vmm_fail(a, VMM_ERR_UNKNOWN_POINTER,
                     "free(0x%llx): interior pointer, %llu bytes into the %s allocation at 0x%llx (%s extent, %zu bytes "
@@ -187,11 +211,20 @@ static vmm_status free_now(vmm_arena *a, vmm_mapping *m, CUstream stream, bool *
     return VMM_OK;
   }
   /* A failed unmap leaves the allocation live (*freed false): a later free retries. */
-  return vmm_mapping_retire(a, m, vmm_retaining(a), "free", freed);
+  return vmm_mapping_retire(a, m, vmm_caching(a), "free", freed);
 }
 
-/* Frees a live allocation: abandoned with its aborted scope, pooled inside a scope, deferred
- * while its stream captures, or unmapped now. */
+/* Whether a free on `stream` waits for a capture to end before its memory is kept or given
+ * back (the graph may use it until then). Outside whole-process mode only what is not pooled is
+ * asked about. In whole-process mode only shared-pool memory, and only while a capture is
+ * underway, so that a free makes no driver call otherwise. */
+static bool waits_for_capture(vmm_arena *a, const vmm_mapping *m, CUstream stream, bool pooled) {
+  if (a->cfg.caching) return a->captures_underway && m->pool == VMM_POOL_SHARED && vmm_stream_capturing(a, stream);
+  return !pooled && vmm_stream_capturing(a, stream);
+}
+
+/* Frees a live mapping: abandoned with its aborted scope, pooled where frees keep their
+ * memory, deferred while its stream captures, or unmapped now. */
 static vmm_status free_live(vmm_arena *a, vmm_mapping *m, CUstream stream, bool *freed) {
   vmm_process_deferred(a);
   *freed = true;
@@ -199,9 +232,12 @@ static vmm_status free_live(vmm_arena *a, vmm_mapping *m, CUstream stream, bool 
     vmm_mapping_abandon(a, m);
     return VMM_OK;
   }
+  bool pooled = vmm_caching(a) && vmm_frees_to_pool(a, m->kind);
+  bool capturing = waits_for_capture(a, m, stream, pooled);
   /* where no bucket can be allocated, the mapping is freed the plain way (handles kept idle) */
-  if (vmm_retaining(a) && m->kind == VMM_KIND_TRANSIENT && vmm_mapping_pool(a, m, stream) == 0) return VMM_OK;
-  if (vmm_stream_capturing(a, stream)) {
+  if (pooled && !capturing && vmm_mapping_pool(a, m, stream) == 0) return VMM_OK;
+  if (pooled && !a->cfg.caching) capturing = vmm_stream_capturing(a, stream); /* the pool had no room */
+  if (capturing) {
     vmm_deferred_push(a, m, stream);
     return VMM_OK;
   }
@@ -209,31 +245,17 @@ static vmm_status free_live(vmm_arena *a, vmm_mapping *m, CUstream stream, bool 
   return free_now(a, m, stream, freed);
 }
 
-vmm_status vmm_arena_free(vmm_arena *a, void *ptr, CUstream stream) {
-  if (!a) return VMM_ERR_INVALID_ARGUMENT;
-  CUdeviceptr base = (CUdeviceptr)(uintptr_t)ptr;
-  pthread_mutex_lock(&a->lock);
-  vmm_status st;
-  vmm_mapping *m = vmm_table_find(&a->table, base);
-  bool live = m && m->state == VMM_MAP_LIVE, paused = m && m->state == VMM_MAP_PAUSED, freed = false;
-  size_t extent = live || paused ? m->extent : 0;
-  int kind = live || paused ? (int)m->kind : -1;
-  uint32_t tag = live || paused ? m->tag : 0;
-  if (!ptr) {
-    st = vmm_fail(a, VMM_ERR_UNKNOWN_POINTER, "free(NULL): not an allocation");
-  } else if (paused) {
-    st = vmm_mapping_free_paused(a, m, vmm_retaining(a));
-    freed = st == VMM_OK;
-  } else if (!live) {
-    st = refuse_pointer(a, base, m);
-  } else {
-    st = free_live(a, m, stream, &freed);
-    if (freed) vmm_tag_account(a, tag, extent, -1);
+vmm_status vmm_free_mapping(vmm_arena *a, vmm_mapping *m, CUstream stream, bool *freed) {
+  *freed = false;
+  if (m->state == VMM_MAP_PAUSED) {
+    vmm_status st = vmm_mapping_free_paused(a, m, vmm_caching(a));
+    *freed = st == VMM_OK;
+    return st;
   }
-  if (freed) a->frees++;
-  vmm_trace_arena_op(a, VMM_TRACE_FREE, kind, 0, extent, base, stream, tag, st);
-  vmm_ctx_leave(a);
-  pthread_mutex_unlock(&a->lock);
+  uint32_t tag = m->tag;
+  size_t extent = m->extent;
+  vmm_status st = free_live(a, m, stream, freed);
+  if (*freed) vmm_tag_account(a, tag, extent, -1);
   return st;
 }
 
@@ -253,9 +275,13 @@ void vmm_arena_destroy(vmm_arena *a) {
   if (!a) return;
   pthread_mutex_lock(&a->lock);
   a->destroying = true; /* failures are logged, and nothing is kept for a retry */
+  vmm_pages_fini(a);
   vmm_stream_order_fini(a); /* waits for all work first */
   vmm_mapping *m;
-  vmm_table_foreach(&a->table, i, m) vmm_mapping_destroy(a, m);
+  vmm_table_foreach(&a->table, i, m) {
+    if (m->page) vmm_pages_forget(a, m);
+    vmm_mapping_destroy(a, m);
+  }
   vmm_handle *h;
   while ((h = vmm_idle_largest(a)) != NULL) {
     vmm_idle_remove(a, h);
@@ -267,7 +293,8 @@ void vmm_arena_destroy(vmm_arena *a) {
   vmm_ranges_fini(a);
   vmm_device_close(a);
   vmm_trace_close(a->trace);
-  free(a->aborted_scopes);
+  vmm_id_set_fini(&a->aborted_scopes);
+  vmm_id_set_fini(&a->released_pools);
   free(a->tag_bytes);
   free(a->tag_count);
   free(a->tag_paused_bytes);

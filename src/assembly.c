@@ -21,8 +21,8 @@ typedef struct plan {
 } plan;
 
 vmm_assembly_mode vmm_assembly_mode_for(const vmm_arena *a, vmm_kind kind) {
-  bool assembles = vmm_retaining(a) && a->cfg.reuse != VMM_REUSE_NONE &&
-                   (kind == VMM_KIND_TRANSIENT || a->cfg.package_assembly);
+  bool assembles = vmm_caching(a) && a->cfg.reuse != VMM_REUSE_NONE &&
+                   (kind == VMM_KIND_TRANSIENT || !vmm_retaining(a) || a->cfg.package_assembly);
   return assembles ? VMM_ASSEMBLE_EXACT : VMM_ASSEMBLE_NEW;
 }
 
@@ -34,8 +34,12 @@ static bool has_handle_at_most(const vmm_mapping *m, size_t most) {
   return false;
 }
 
+/* A pooled mapping may be taken apart if it is of the shared pool (a graph's memory stays its
+ * own) and its streams can be waited for; in whole-process mode only once no wait is needed
+ * (a quiesce came after its free): the allocation path never waits on the host. */
 static bool can_take_apart(vmm_arena *a, vmm_mapping *m, size_t left, bool padded) {
-  return !m->chosen && (padded || has_handle_at_most(m, left)) && vmm_can_wait_for_free(a, m);
+  if (m->chosen || m->pool != VMM_POOL_SHARED || !(padded || has_handle_at_most(m, left))) return false;
+  return a->cfg.caching ? m->free_epoch < a->epoch : vmm_can_wait_for_free(a, m);
 }
 
 /* The pooled mapping to take apart for `left` bytes: the smallest that covers them, else the

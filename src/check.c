@@ -7,6 +7,8 @@ typedef struct recount {
   vmm_kind_stats kind[VMM_KIND_COUNT];
   uint64_t mapped, physical, paused; /* paused: VA of paused allocations less their stuck pieces */
   size_t mappings;
+  uint64_t allocated, allocations;   /* live or paused whole mappings, and page slots handed out */
+  uint64_t slot_bytes, pages;
 } recount;
 
 /* A mapping's range: aligned, inside its reservation, overlapping no free range. */
@@ -28,6 +30,12 @@ static int check_range(const vmm_arena *a, const vmm_mapping *m, char *why, size
 /* One mapping: its range, its handles, and its bytes added to the recount. */
 static int check_mapping(const vmm_arena *a, const vmm_mapping *m, recount *c, char *why, size_t cap) {
   if (check_range(a, m, why, cap)) return -1;
+  if (m->page) {
+    c->pages++;
+    if (vmm_pages_check(a, m, &c->slot_bytes, why, cap)) return -1;
+  } else if (m->state == VMM_MAP_LIVE || m->state == VMM_MAP_PAUSED || m->state == VMM_MAP_FREEING) {
+    c->allocated += m->extent, c->allocations++;
+  }
   vmm_kind_stats *ks = &c->kind[m->kind];
   if (m->state == VMM_MAP_PAUSED && !m->handle_count) {
     c->paused += m->extent - vmm_ranges_stuck_bytes_in(&a->ranges, m->base, m->extent); /* a failed resume's leftovers */
@@ -69,6 +77,16 @@ static int check_totals(const vmm_arena *a, const recount *c, char *why, size_t 
     return snprintf(why, cap, "byte counters differ: mapped %llu vs %llu, physical %llu vs %llu",
                     (unsigned long long)a->mapped_bytes, (unsigned long long)c->mapped,
                     (unsigned long long)a->physical_bytes, (unsigned long long)c->physical),
+           -1;
+  if (c->pages != a->pages.pages || c->slot_bytes != a->pages.slot_bytes)
+    return snprintf(why, cap, "pages: %llu pages with %llu slot bytes taken, the counters say %llu and %llu",
+                    (unsigned long long)c->pages, (unsigned long long)c->slot_bytes,
+                    (unsigned long long)a->pages.pages, (unsigned long long)a->pages.slot_bytes),
+           -1;
+  if (c->allocated + c->slot_bytes < a->allocated_bytes || c->allocations > a->allocations)
+    return snprintf(why, cap, "usage: %llu bytes in %llu whole mappings + %llu slot bytes, but %llu bytes allocated",
+                    (unsigned long long)c->allocated, (unsigned long long)c->allocations,
+                    (unsigned long long)c->slot_bytes, (unsigned long long)a->allocated_bytes),
            -1;
   const vmm_ranges *r = &a->ranges;
   if (r->free_bytes + c->mapped + c->paused + r->stuck_bytes != r->reserved_bytes)

@@ -176,6 +176,7 @@ static const struct setting {
     {"VMMARENA_PEER_ACCESS", "peer_access", 6}, {"VMMARENA_TRACE", "trace", 7},
     {"VMMARENA_LOG", "log", 8},         {"VMMARENA_HANDLE_BOUND", "handle_bound", 9},
     {"VMMARENA_PACKAGE_ASSEMBLY", "package_assembly", 10},
+    {"VMMARENA_CACHE", "cache", 12},
 };
 
 static vmm_status apply(const struct setting *s, const char *value, vmm_config *cfg) {
@@ -200,6 +201,7 @@ static vmm_status apply(const struct setting *s, const char *value, vmm_config *
     if (!strcasecmp(value, "auto")) return cfg->handle_bound_bytes = 0, VMM_OK;
     return set_size(s->env, value, &cfg->handle_bound_bytes, 0);
   case 10: return set_switch(s->env, value, &cfg->package_assembly);
+  case 12: return set_switch(s->env, value, &cfg->caching);
   }
   return VMM_ERR_INVALID_ARGUMENT;
 }

@@ -41,6 +41,18 @@ VMM_INTERNAL vmm_avl *vmm_avl_last(vmm_avl *root);
 /* Checks heights, balance and order; returns the node count or -1 if broken. */
 VMM_INTERNAL long vmm_avl_check(const vmm_avl *root);
 
+/* ---- Id sets (ids.c): a sorted array of 64-bit ids ------------------------------------ */
+
+typedef struct vmm_id_set {
+  uint64_t *ids; /* ascending */
+  size_t count, cap;
+} vmm_id_set;
+
+VMM_INTERNAL bool vmm_id_set_has(const vmm_id_set *s, uint64_t id);
+/* Adds id (a no-op if present); -1 on host out-of-memory, nothing changed. */
+VMM_INTERNAL int vmm_id_set_add(vmm_id_set *s, uint64_t id);
+VMM_INTERNAL void vmm_id_set_fini(vmm_id_set *s);
+
 #define vmm_container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
 
 /* Room in `array` (of `elem`-byte elements, `count` used, *cap allocated) for one more: the
@@ -114,6 +126,10 @@ typedef struct vmm_mapping {
   uint64_t scope_id;      /* scope it was allocated in (0 = outside any) */
   CUstream stream;        /* stream of the latest alloc or free */
   uint64_t free_epoch;    /* arena quiesce epoch at the latest free */
+  vmm_pool_id pool;       /* the pool it belongs to (VMM_POOL_SHARED: none) */
+  struct vmm_page *page;  /* the page carved from it (pages.c), or NULL */
+  CUstream *uses;         /* streams added by vmm_arena_record_stream (heap array), ordered before reuse */
+  uint32_t use_count;
   uint32_t handle_count;  /* > 1 for an assembled mapping */
   vmm_handle **handles;   /* in address order: &first, or a heap array */
   vmm_handle *first;
@@ -153,9 +169,12 @@ VMM_INTERNAL void vmm_mapping_attach(vmm_mapping *m, vmm_handle **slots, uint32_
 /* State transitions: the only functions that set m->state. */
 /* A new record, mapped: into the table, LIVE. */
 VMM_INTERNAL void vmm_mapping_insert_live(vmm_arena *a, vmm_mapping *m, size_t extent, vmm_kind kind);
-/* LIVE (new) or POOLED (a hit) -> LIVE, handed to a request. */
-VMM_INTERNAL void vmm_mapping_hand_out(vmm_arena *a, vmm_mapping *m, size_t requested, CUstream stream, uint32_t tag,
-                                       uint64_t scope_id);
+/* LIVE (new) or POOLED (a hit) -> LIVE, handed to a request (its size, stream, tag and pool)
+ * of scope `scope_id`; the streams added by vmm_arena_record_stream are forgotten. */
+struct vmm_request;
+VMM_INTERNAL void vmm_mapping_hand_out(vmm_arena *a, vmm_mapping *m, const struct vmm_request *req, uint64_t scope_id);
+/* Adds a stream that uses m (vmm_arena_record_stream); -1 on host out-of-memory, nothing changed. */
+VMM_INTERNAL int vmm_mapping_add_use(vmm_mapping *m, CUstream stream);
 /* LIVE -> POOLED, freed on `stream` at the current quiesce epoch. -1 (nothing changed) when
  * no bucket could be allocated. */
 VMM_INTERNAL int vmm_mapping_pool(vmm_arena *a, vmm_mapping *m, CUstream stream);
@@ -268,6 +287,50 @@ VMM_INTERNAL vmm_handle *vmm_abandoned_pop(vmm_arena *a);
 /* Checks both tiers and the abandoned list; adds their bytes to the recount. */
 VMM_INTERNAL int vmm_store_check(const vmm_arena *a, vmm_kind_stats *k, uint64_t *physical, char *why, size_t cap);
 
+/* ---- Pages (pages.c) ------------------------------------------------------------------ */
+
+/* What a page serves: requests of one slot size, kind, tag, stream and pool. */
+typedef struct vmm_page_key {
+  size_t slot_size;
+  vmm_kind kind;
+  uint32_t tag;
+  CUstream stream;
+  vmm_pool_id pool;
+} vmm_page_key;
+
+/* Another stream that uses a slot (vmm_arena_record_stream): on the page's list of uses while
+ * the slot is taken; once it is freed, on its set's list of waits until the page's stream
+ * waits for an event recorded on the other stream after the free, when the slot is given back. */
+typedef struct vmm_slot_wait {
+  struct vmm_page *page;
+  uint32_t slot;
+  CUstream stream;             /* the other stream */
+  CUevent event;               /* recorded on it after the free; NULL before (or while it captured) */
+  struct vmm_slot_wait *next;
+} vmm_slot_wait;
+
+typedef struct vmm_page_set {
+  vmm_page_key key;
+  struct vmm_page *partial;    /* pages with a free slot */
+  vmm_slot_wait *waits;        /* freed slots waiting for other streams */
+} vmm_page_set;
+
+typedef struct vmm_page {
+  vmm_mapping *m;              /* the one-granule mapping it carves */
+  vmm_page_set *set;
+  uint32_t slots, used;        /* used: taken, and freed but waiting */
+  struct vmm_page *next, *prev; /* the set's partial list; the spare list */
+  vmm_slot_wait *uses;         /* other streams of its taken slots */
+  uint64_t bits[];             /* 1 = slot taken (slots bits) */
+} vmm_page;
+
+typedef struct vmm_pages {
+  vmm_page_set **slots;        /* open-addressing table of sets by key */
+  size_t cap, count;
+  vmm_page *spare;             /* page records kept for the next carve */
+  uint64_t pages, slots_used, slot_bytes;
+} vmm_pages;
+
 /* ---- Arena --------------------------------------------------------------------------- */
 
 struct vmm_arena {
@@ -289,12 +352,15 @@ struct vmm_arena {
   vmm_mapping_table table;
   vmm_store store;
   vmm_mapping *deferred_head;  /* frees waiting for a capture to end (stream_order.c) */
+  vmm_pages pages;             /* requests below the granularity (pages.c) */
+  vmm_id_set released_pools;   /* pools released: no allocation goes into them */
+  CUevent *spare_events;       /* events kept for slot waits (stream_order.c) */
+  size_t spare_event_count, spare_event_cap;
   bool destroying;             /* vmm_arena_destroy is running: failures are logged, not kept */
 
   vmm_scope_state scope;
   uint64_t scope_id, next_scope_id;
-  uint64_t *aborted_scopes;    /* ascending */
-  size_t aborted_count, aborted_cap;
+  vmm_id_set aborted_scopes;
   uint64_t epoch;              /* raised by every quiesce */
 
   /* counters */
@@ -305,6 +371,9 @@ struct vmm_arena {
   uint64_t assemblies, padded_assemblies, assembled_idle_handles, assembly_created_bytes, pooled_taken_apart;
   uint64_t oom_refusals, limit_refusals, headroom_refusals;
   uint64_t allocs, frees, deferred_frees;
+  uint64_t allocated_bytes, allocated_peak, allocations, allocations_peak; /* vmm_usage */
+  uint64_t refusals, cache_releases;
+  uint32_t captures_underway;  /* vmm_arena_capture_begin minus _end: frees then ask about capture */
   uint64_t scopes_begun, scopes_finished, scopes_aborted;
   vmm_driver_stats drv_stats[VMM_DRV_ENTRY_COUNT];
   uint64_t *tag_bytes;         /* live bytes by tag id */
@@ -321,6 +390,13 @@ struct vmm_arena {
 };
 
 static inline bool vmm_retaining(const vmm_arena *a) { return a->scope == VMM_SCOPE_ACTIVE && a->retention_enabled; }
+/* Whether a free keeps its memory: inside a retaining scope, and always in whole-process mode. */
+static inline bool vmm_caching(const vmm_arena *a) { return a->cfg.caching || vmm_retaining(a); }
+/* Whether freed memory of `kind` is pooled still mapped where frees keep their memory: transient
+ * always; package only outside a retaining scope (inside one it becomes idle handles). */
+static inline bool vmm_frees_to_pool(const vmm_arena *a, vmm_kind kind) {
+  return kind == VMM_KIND_TRANSIENT || !vmm_retaining(a);
+}
 static inline size_t vmm_round_up(const vmm_arena *a, size_t bytes) {
   return (bytes + a->granularity - 1) & ~(a->granularity - 1);
 }
@@ -332,6 +408,8 @@ VMM_INTERNAL void vmm_tag_account(vmm_arena *a, uint32_t tag, size_t bytes, int 
 VMM_INTERNAL void vmm_tag_account_paused(vmm_arena *a, uint32_t tag, size_t bytes, int sign);
 VMM_INTERNAL void vmm_add_physical(vmm_arena *a, size_t bytes);
 VMM_INTERNAL void vmm_add_mapped(vmm_arena *a, size_t bytes);
+/* The arena's usage figures (vmm_arena_usage, the snapshot's "usage"). */
+VMM_INTERNAL void vmm_usage_fill(const vmm_arena *a, vmm_usage *u);
 
 /* ---- Driver calls (driver.c): timing, counters, context ------------------------------ */
 
@@ -412,6 +490,35 @@ VMM_INTERNAL void vmm_device_close(vmm_arena *a);
 /* ---- Meminfo (meminfo.c) ------------------------------------------------------------- */
 VMM_INTERNAL CUresult vmm_host_memory_available(size_t *bytes);
 
+/* ---- Pages (pages.c) ----------------------------------------------------------------- */
+/* The slot size that serves a request of `bytes` (below half the granularity): 512-byte steps
+ * up to 4 KiB, four steps per doubling up to 64 KiB, then the most slots that fit a page. */
+VMM_INTERNAL size_t vmm_page_slot_size(size_t granularity, size_t bytes);
+/* A free slot of a page of `k`: *out its address. VMM_STATUS_COUNT when no page of `k` has one
+ * (the caller carves one); VMM_ERR_OUT_OF_MEMORY (recorded) when the host has no memory for
+ * the set. Slots that waited for other streams are given back first (the page's stream waits
+ * for their events). */
+VMM_INTERNAL vmm_status vmm_pages_take(vmm_arena *a, const vmm_page_key *k, CUdeviceptr *out);
+/* Cuts live mapping m (one granule) into slots of k->slot_size for `k`; VMM_ERR_OUT_OF_MEMORY
+ * (recorded, m unchanged) when the host has no memory for the record. */
+VMM_INTERNAL vmm_status vmm_pages_carve(vmm_arena *a, vmm_mapping *m, const vmm_page_key *k);
+/* The page and slot of a taken slot starting at ptr, or NULL. */
+VMM_INTERNAL vmm_page *vmm_pages_slot_of(const vmm_arena *a, CUdeviceptr ptr, uint32_t *slot);
+/* Frees a slot: at once, or, where other streams were added to it, once the page's stream
+ * waits for them (events recorded now; no host wait). Returns true if the page is now empty. */
+VMM_INTERNAL bool vmm_pages_give_back(vmm_arena *a, vmm_page *pg, uint32_t slot);
+/* Adds `stream` to a taken slot's streams; -1 on host out-of-memory, nothing changed. */
+VMM_INTERNAL int vmm_pages_add_use(vmm_page *pg, uint32_t slot, CUstream stream);
+/* A live page whose slots are all free (left so by a wait given back), or NULL. */
+VMM_INTERNAL vmm_mapping *vmm_pages_find_empty(const vmm_arena *a);
+/* An empty page back to a plain mapping (m->page NULL). */
+VMM_INTERNAL void vmm_pages_uncarve(vmm_arena *a, vmm_mapping *m);
+/* Destroy: forgets m's page and its waits (no driver call but the events' destruction). */
+VMM_INTERNAL void vmm_pages_forget(vmm_arena *a, vmm_mapping *m);
+VMM_INTERNAL void vmm_pages_fini(vmm_arena *a);
+/* Checks page m (carved) and adds its taken bytes to *slot_bytes; 0 if sound. */
+VMM_INTERNAL int vmm_pages_check(const vmm_arena *a, const vmm_mapping *m, uint64_t *slot_bytes, char *why, size_t cap);
+
 /* ---- Admission (admission.c) --------------------------------------------------------- */
 /* Refuses `fresh` bytes of new physical memory past the limit or below the headroom, for a
  * request of `bytes` (rounded `rounded`). */
@@ -457,15 +564,24 @@ VMM_INTERNAL void vmm_stream_order_fini(vmm_arena *a);
 VMM_INTERNAL void vmm_deferred_push(vmm_arena *a, vmm_mapping *m, CUstream stream);
 /* Unmaps the frees that waited for a capture to end, where the capture is over. */
 VMM_INTERNAL void vmm_process_deferred(vmm_arena *a);
+/* An event for a slot wait: a spare one, or a new one; NULL (recorded) on failure. */
+VMM_INTERNAL CUevent vmm_event_get(vmm_arena *a);
+/* Keeps an event for the next vmm_event_get (destroys it if there is no room). */
+VMM_INTERNAL void vmm_event_put(vmm_arena *a, CUevent e);
+/* Records e on `stream` (not capturing): true on success. */
+VMM_INTERNAL bool vmm_event_record(vmm_arena *a, CUevent e, CUstream stream);
+/* Makes `stream` wait for e: true on success. */
+VMM_INTERNAL bool vmm_stream_wait_event(vmm_arena *a, CUstream stream, CUevent e);
 /* Moves the deferred frees of an aborted scope to its abandoned memory (no driver call). */
 VMM_INTERNAL void vmm_deferred_abandon_scope(vmm_arena *a, uint64_t scope_id);
 
 /* ---- Assembly (assembly.c) ----------------------------------------------------------- */
-typedef struct vmm_request {
+typedef struct vmm_request { /* a request for memory: what vmm_arena_alloc_in was asked */
   size_t bytes, rounded;
   vmm_kind kind;
   CUstream stream;
   uint32_t tag;
+  vmm_pool_id pool;
 } vmm_request;
 
 typedef enum vmm_assembly_mode {
@@ -488,6 +604,29 @@ VMM_INTERNAL vmm_assembly_mode vmm_assembly_mode_for(const vmm_arena *a, vmm_kin
  * (or of `fresh`, if more), within [granularity, 256 MiB] (docs/design.md, "Handle bound").
  * Outside a scope: the bound a scope begun now would start with. */
 VMM_INTERNAL size_t vmm_handle_bound(const vmm_arena *a, size_t fresh);
+
+/* ---- Whole mappings (arena.c) ------------------------------------------------------- */
+/* A live mapping of at least req->rounded bytes for req, from the first source that has one
+ * (pool, assembly, new memory; after a refusal the fallbacks). */
+VMM_INTERNAL vmm_status vmm_alloc_mapping(vmm_arena *a, const vmm_request *req, vmm_mapping **out);
+/* Frees a live or paused mapping (as vmm_arena_free says); *freed: it is no longer live. */
+VMM_INTERNAL vmm_status vmm_free_mapping(vmm_arena *a, vmm_mapping *m, CUstream stream, bool *freed);
+/* The refusal of a free of p (m: the record at p, or NULL), naming what is there. */
+VMM_INTERNAL vmm_status vmm_refuse_pointer(vmm_arena *a, CUdeviceptr p, vmm_mapping *m);
+
+/* Outside a retaining scope: empty pages back to the pool, then the pool and the idle tier
+ * back to the driver (vmm_arena_empty_cache, and a request that finds new memory refused). */
+VMM_INTERNAL vmm_status vmm_cache_release(vmm_arena *a, const char *what);
+
+/* ---- Draining the store (drain.c) ---------------------------------------------------- */
+/* Waits, once per stream, for the work that may still use a pooled mapping (see
+ * vmm_wait_for_free); touches nothing. Messages name the caller by `what`. */
+VMM_INTERNAL vmm_status vmm_drain_wait(vmm_arena *a, const char *what);
+/* Pops the pool in drain order (largest bucket first, newest first within it), unmapping
+ * each mapping and keeping its handles idle; a failed unmap pushes it back where it was. */
+VMM_INTERNAL vmm_status vmm_drain_pool(vmm_arena *a, const char *what);
+/* Releases the idle handles, largest first; stops at the first failure (that handle stays idle). */
+VMM_INTERNAL vmm_status vmm_drain_idle(vmm_arena *a, const char *what);
 
 /* ---- Backups (backup.c) ------------------------------------------------------------- */
 /* Whether the driver table has the copies a backup needs (version 2). */

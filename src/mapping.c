@@ -16,6 +16,7 @@ void vmm_mapping_free(vmm_mapping *m) {
   if (!m) return;
   vmm_backup_free(m->backup, m->extent);
   if (m->handles != &m->first) free(m->handles);
+  free(m->uses);
   free(m);
 }
 
@@ -83,14 +84,28 @@ void vmm_mapping_insert_live(vmm_arena *a, vmm_mapping *m, size_t extent, vmm_ki
   vmm_table_insert(&a->table, m);
 }
 
-void vmm_mapping_hand_out(vmm_arena *a, vmm_mapping *m, size_t requested, CUstream stream, uint32_t tag,
-                          uint64_t scope_id) {
+void vmm_mapping_hand_out(vmm_arena *a, vmm_mapping *m, const vmm_request *req, uint64_t scope_id) {
   if (m->state != VMM_MAP_LIVE) set_state(a, m, VMM_MAP_LIVE);
-  m->requested = requested;
-  m->stream = stream;
-  m->tag = tag;
+  m->requested = req->bytes;
+  m->stream = req->stream;
+  m->tag = req->tag;
+  m->pool = req->pool;
   m->scope_id = scope_id;
-  vmm_tag_account(a, tag, m->extent, +1);
+  free(m->uses);
+  m->uses = NULL;
+  m->use_count = 0;
+  vmm_tag_account(a, req->tag, m->extent, +1);
+}
+
+int vmm_mapping_add_use(vmm_mapping *m, CUstream stream) {
+  if (stream == m->stream) return 0;
+  for (uint32_t i = 0; i < m->use_count; i++)
+    if (m->uses[i] == stream) return 0;
+  CUstream *grown = realloc(m->uses, (m->use_count + 1) * sizeof *grown);
+  if (!grown) return -1;
+  m->uses = grown;
+  m->uses[m->use_count++] = stream;
+  return 0;
 }
 
 int vmm_mapping_pool(vmm_arena *a, vmm_mapping *m, CUstream stream) {

@@ -6,15 +6,7 @@
 #include "internal.h"
 
 bool vmm_scope_aborted(const vmm_arena *a, uint64_t scope_id) {
-  if (scope_id == 0) return false;
-  size_t lo = 0, hi = a->aborted_count;
-  while (lo < hi) {
-    size_t mid = (lo + hi) / 2;
-    if (a->aborted_scopes[mid] == scope_id) return true;
-    if (a->aborted_scopes[mid] < scope_id) lo = mid + 1;
-    else hi = mid;
-  }
-  return false;
+  return scope_id != 0 && vmm_id_set_has(&a->aborted_scopes, scope_id);
 }
 
 static vmm_status scope_error(vmm_arena *a, const char *call) {
@@ -48,56 +40,6 @@ static vmm_status begin_locked(vmm_arena *a) {
 
 vmm_status vmm_retention_begin(vmm_arena *a) { return scope_call(a, VMM_TRACE_BEGIN, begin_locked); }
 
-/* Pops the pool in drain order (largest bucket first, newest first within it) and retires
- * each mapping, keeping its handles idle; a failed unmap pushes the mapping back where it was. */
-static vmm_status drain_pool(vmm_arena *a) {
-  vmm_mapping *m;
-  while ((m = vmm_pool_peek_drain(&a->store.pool)) != NULL) {
-    vmm_pool_remove(&a->store.pool, m);
-    vmm_status st = vmm_mapping_unmap(a, m, "finish");
-    if (st != VMM_OK) {
-      vmm_pool_push(&a->store.pool, m); /* the bucket it left is on the spare list: cannot fail */
-      char cause[sizeof a->last_error], b[32];
-      memcpy(cause, a->last_error, sizeof cause);
-      return vmm_fail(a, st, "%s (%zu mappings left in the pool, %s)", cause, a->store.pool.count,
-                      vmm_fmt_bytes(a->store.pool.bytes, b));
-    }
-    vmm_mapping_dispose(a, m, true, VMM_NO_STUCK);
-  }
-  return VMM_OK;
-}
-
-/* Waits, once per stream, for in-flight work that may still use a pooled mapping the drain
- * is about to unmap (see vmm_wait_for_free). Touches nothing. */
-static vmm_status wait_for_pool(vmm_arena *a) {
-  CUstream waited[16];
-  size_t n_waited = 0;
-  for (vmm_avl *node = vmm_avl_last(a->store.pool.root); node;) {
-    vmm_bucket *b = vmm_container_of(node, vmm_bucket, node);
-    for (vmm_mapping *m = b->head; m; m = m->pool_next) {
-      vmm_status st = vmm_wait_for_free(a, m, "vmm_retention_finish", waited, &n_waited, 16);
-      if (st != VMM_OK) return st;
-    }
-    node = vmm_avl_floor(a->store.pool.root, b->size - 1, 0);
-  }
-  return VMM_OK;
-}
-
-/* Releases the idle handles, largest first; stops at the first failure (that handle stays idle). */
-static vmm_status release_idle(vmm_arena *a) {
-  vmm_handle *h;
-  while ((h = vmm_idle_largest(a)) != NULL) {
-    vmm_idle_remove(a, h);
-    vmm_status st = vmm_handle_release(a, h);
-    if (st != VMM_OK) {
-      char cause[sizeof a->last_error];
-      memcpy(cause, a->last_error, sizeof cause);
-      return vmm_fail(a, st, "finish: %s (%zu idle handles left)", cause, a->store.idle_count);
-    }
-  }
-  return VMM_OK;
-}
-
 /* Validates the scope and waits for the pool's streams before anything is touched; then
  * drains the pool and releases the idle handles. */
 static vmm_status finish_locked(vmm_arena *a) {
@@ -106,9 +48,9 @@ static vmm_status finish_locked(vmm_arena *a) {
   if (a->scope != VMM_SCOPE_ACTIVE) return scope_error(a, "vmm_retention_finish");
   if (vmm_pool_check(&a->store.pool, why, sizeof why))
     return vmm_fail(a, VMM_ERR_SCOPE_STATE, "vmm_retention_finish: pool is inconsistent, nothing touched: %s", why);
-  if ((st = wait_for_pool(a)) != VMM_OK) return st; /* a stream could not be waited for: nothing touched */
+  if ((st = vmm_drain_wait(a, "vmm_retention_finish")) != VMM_OK) return st; /* nothing touched */
   vmm_process_deferred(a);
-  if ((st = drain_pool(a)) != VMM_OK || (st = release_idle(a)) != VMM_OK) return st;
+  if ((st = vmm_drain_pool(a, "finish")) != VMM_OK || (st = vmm_drain_idle(a, "finish")) != VMM_OK) return st;
   a->scope = VMM_SCOPE_NONE;
   a->scopes_finished++;
   return VMM_OK;
@@ -118,10 +60,8 @@ vmm_status vmm_retention_finish(vmm_arena *a) { return scope_call(a, VMM_TRACE_F
 
 /* Records the scope as aborted: its memory freed later is abandoned too. */
 static vmm_status remember_aborted(vmm_arena *a) {
-  uint64_t *room = vmm_array_room(a->aborted_scopes, a->aborted_count, &a->aborted_cap, sizeof *room);
-  if (!room) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "abort: host out of memory; the scope stays active");
-  a->aborted_scopes = room;
-  a->aborted_scopes[a->aborted_count++] = a->scope_id;
+  if (vmm_id_set_add(&a->aborted_scopes, a->scope_id))
+    return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "abort: host out of memory; the scope stays active");
   return VMM_OK;
 }
 

@@ -53,13 +53,21 @@ static void fill(const vmm_arena *a, vmm_snapshot *s) {
   s->fatal_status = a->fatal_status;
 }
 
-vmm_status vmm_arena_snapshot(vmm_arena *a, vmm_snapshot *out) {
+/* Fills `out` under the arena's lock. */
+static vmm_status read_locked(vmm_arena *a, void *out, void (*read)(const vmm_arena *a, void *out)) {
   if (!a || !out) return VMM_ERR_INVALID_ARGUMENT;
   pthread_mutex_lock(&a->lock);
-  fill(a, out);
+  read(a, out);
   pthread_mutex_unlock(&a->lock);
   return VMM_OK;
 }
+
+static void read_snapshot(const vmm_arena *a, void *out) { fill(a, out); }
+static void read_usage(const vmm_arena *a, void *out) { vmm_usage_fill(a, out); }
+
+vmm_status vmm_arena_snapshot(vmm_arena *a, vmm_snapshot *out) { return read_locked(a, out, read_snapshot); }
+
+vmm_status vmm_arena_usage(vmm_arena *a, vmm_usage *out) { return read_locked(a, out, read_usage); }
 
 /* ---- JSON ---------------------------------------------------------------------------- */
 
@@ -193,8 +201,8 @@ static const char *state_json(vmm_mapping_state s) {
 
 static void settings_json(jw *w, const vmm_arena *a, const vmm_snapshot *s) {
   static const char *const retain_modes[] = {"auto", "on", "off"};
-  printf_(w, "{\"schema\":\"vmmarena.snapshot\",\"version\":3,\"device\":%d,\"integrated\":%s,", s->device,
-          s->integrated ? "true" : "false");
+  printf_(w, "{\"schema\":\"vmmarena.snapshot\",\"version\":3,\"device\":%d,\"integrated\":%s,\"caching\":%s,",
+          s->device, s->integrated ? "true" : "false", a->cfg.caching ? "true" : "false");
   printf_(w, "\"retention\":{\"mode\":\"%s\",\"enabled\":%s},", retain_modes[a->cfg.retain],
           s->retention_enabled ? "true" : "false");
   printf_(w, "\"reuse\":{\"policy\":\"%s\",\"bound\":", vmm_reuse_policy_name(s->reuse));
@@ -227,6 +235,20 @@ static const field assembly_fields[] = {
     FIELD(vmm_snapshot, assemblies), FIELD(vmm_snapshot, padded_assemblies), FIELD(vmm_snapshot, assembled_idle_handles),
     FIELD(vmm_snapshot, assembly_created_bytes), FIELD(vmm_snapshot, pooled_taken_apart),
 };
+
+static const field usage_fields[] = {
+    FIELD(vmm_usage, allocated_bytes), FIELD(vmm_usage, allocated_peak_bytes), FIELD(vmm_usage, allocations),
+    FIELD(vmm_usage, allocations_peak), FIELD(vmm_usage, cached_bytes),       FIELD(vmm_usage, refusals),
+    FIELD(vmm_usage, cache_releases),  FIELD(vmm_usage, pages),              FIELD(vmm_usage, page_slots_used),
+};
+
+/* The figures of vmm_usage that the totals do not already give. */
+static void usage_json(jw *w, const vmm_arena *a) {
+  vmm_usage u;
+  vmm_usage_fill(a, &u);
+  puts_(w, ",\"usage\":");
+  FIELDS_JSON(w, &u, usage_fields, true, true);
+}
 
 static void pool_json(jw *w, const vmm_arena *a, const vmm_snapshot *s) {
   puts_(w, ",\"pool\":");
@@ -310,7 +332,8 @@ static vmm_status mappings_json(jw *w, const vmm_arena *a) {
             m->kind == VMM_KIND_PACKAGE ? "package" : "transient", state_json(m->state), m->handle_count);
     if (m->tag) str(w, vmm_tag_name(m->tag));
     else puts_(w, "null");
-    printf_(w, ",\"scope\":%llu}", (unsigned long long)m->scope_id);
+    printf_(w, ",\"scope\":%llu,\"pool\":%llu,\"slot_size\":%zu}", (unsigned long long)m->scope_id,
+            (unsigned long long)m->pool, m->page ? m->page->set->key.slot_size : (size_t)0);
   }
   free(list);
   puts_(w, "]");
@@ -326,6 +349,7 @@ vmm_status vmm_arena_snapshot_json(vmm_arena *a, char *buf, size_t cap, size_t *
   settings_json(&w, a, &s);
   totals_json(&w, &s);
   pool_json(&w, a, &s);
+  usage_json(&w, a);
   scope_json(&w, a, &s);
   tags_json(&w, a);
   driver_json(&w, a, &s);

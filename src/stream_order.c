@@ -2,6 +2,8 @@
  * immediate; another stream is ordered after the free by an event, and nothing is recorded on,
  * waited from or synchronized on a capturing stream. Frees on a capturing stream are deferred
  * until the capture is over. */
+#include <stdlib.h>
+
 #include "internal.h"
 
 CUresult vmm_capture_query(vmm_arena *a, CUstream s, bool *capturing) {
@@ -21,27 +23,33 @@ int vmm_stream_capturing(vmm_arena *a, CUstream s) {
   return r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-bool vmm_usable_on_stream(void *arg, vmm_mapping *m) {
-  vmm_reuse_ctx *c = arg;
-  vmm_arena *a = c->a;
-  if (m->stream == c->stream || m->free_epoch < a->epoch) return true;
-  if (c->capturing < 0) c->capturing = vmm_stream_capturing(a, c->stream);
-  if (c->capturing || vmm_stream_capturing(a, m->stream)) return false;
-  CUresult r;
+/* The arena's order event, made on first use; NULL (recorded) if it cannot be made. */
+static CUevent order_event(vmm_arena *a) {
   if (!a->order_event) {
-    r = VMM_DRV(a, event_create, &a->order_event, CU_EVENT_DISABLE_TIMING);
+    CUresult r = VMM_DRV(a, event_create, &a->order_event, CU_EVENT_DISABLE_TIMING);
     if (r != CUDA_SUCCESS) {
       a->order_event = NULL;
       vmm_fail_driver(a, r, VMM_DRV_event_create, "creating the stream-order event");
-      return false;
     }
   }
-  r = VMM_DRV(a, event_record, a->order_event, m->stream);
+  return a->order_event;
+}
+
+/* Orders c->stream after the work queued on `s` by now, with no host wait; false where one of
+ * the two captures or a driver call fails. Nothing to do for c->stream itself. */
+static bool order_after(vmm_reuse_ctx *c, CUstream s) {
+  vmm_arena *a = c->a;
+  if (s == c->stream) return true;
+  if (c->capturing < 0) c->capturing = vmm_stream_capturing(a, c->stream);
+  if (c->capturing || vmm_stream_capturing(a, s)) return false;
+  CUevent e = order_event(a);
+  if (!e) return false;
+  CUresult r = VMM_DRV(a, event_record, e, s);
   if (r != CUDA_SUCCESS) {
     vmm_fail_driver(a, r, VMM_DRV_event_record, "recording the freeing stream for reuse");
     return false;
   }
-  r = VMM_DRV(a, stream_wait_event, c->stream, a->order_event, 0);
+  r = VMM_DRV(a, stream_wait_event, c->stream, e, 0);
   if (r != CUDA_SUCCESS) {
     vmm_fail_driver(a, r, VMM_DRV_stream_wait_event, "ordering the reusing stream after the free");
     return false;
@@ -49,32 +57,49 @@ bool vmm_usable_on_stream(void *arg, vmm_mapping *m) {
   return true;
 }
 
+bool vmm_usable_on_stream(void *arg, vmm_mapping *m) {
+  vmm_reuse_ctx *c = arg;
+  if (m->free_epoch < c->a->epoch) return true;
+  if (!order_after(c, m->stream)) return false;
+  for (uint32_t i = 0; i < m->use_count; i++)
+    if (!order_after(c, m->uses[i])) return false;
+  return true;
+}
+
 bool vmm_can_wait_for_free(vmm_arena *a, const vmm_mapping *m) {
   return m->free_epoch != a->epoch || !vmm_stream_capturing(a, m->stream);
+}
+
+/* Waits for one stream that used pooled mapping m, unless waited already (see below). */
+static vmm_status wait_for_one(vmm_arena *a, const vmm_mapping *m, CUstream s, const char *what, CUstream *waited,
+                               size_t *n_waited, size_t cap) {
+  for (size_t i = 0; i < *n_waited; i++)
+    if (waited[i] == s) return VMM_OK;
+  char b[32];
+  bool capturing;
+  CUresult r = vmm_capture_query(a, s, &capturing);
+  if (r != CUDA_SUCCESS)
+    return vmm_fail_driver(a, r, VMM_DRV_stream_is_capturing, "%s: reading the capture state of stream %p", what,
+                           (void *)s);
+  if (capturing)
+    return vmm_fail(a, VMM_ERR_SCOPE_STATE,
+                    "%s: pooled %s at 0x%llx was used on stream %p, which is capturing and cannot be waited for "
+                    "before the unmap; nothing touched",
+                    what, vmm_fmt_bytes(m->extent, b), (unsigned long long)m->base, (void *)s);
+  r = VMM_DRV(a, stream_synchronize, s);
+  if (r != CUDA_SUCCESS)
+    return vmm_fail_driver(a, r, VMM_DRV_stream_synchronize, "%s: waiting for stream %p before unmapping pooled %s at 0x%llx",
+                           what, (void *)s, vmm_fmt_bytes(m->extent, b), (unsigned long long)m->base);
+  if (*n_waited < cap) waited[(*n_waited)++] = s;
+  return VMM_OK;
 }
 
 vmm_status vmm_wait_for_free(vmm_arena *a, const vmm_mapping *m, const char *what, CUstream *waited, size_t *n_waited,
                              size_t cap) {
   if (m->free_epoch != a->epoch) return VMM_OK; /* a quiesce came after the free */
-  for (size_t i = 0; i < *n_waited; i++)
-    if (waited[i] == m->stream) return VMM_OK;
-  char b[32];
-  bool capturing;
-  CUresult r = vmm_capture_query(a, m->stream, &capturing);
-  if (r != CUDA_SUCCESS)
-    return vmm_fail_driver(a, r, VMM_DRV_stream_is_capturing, "%s: reading the capture state of stream %p", what,
-                           (void *)m->stream);
-  if (capturing)
-    return vmm_fail(a, VMM_ERR_SCOPE_STATE,
-                    "%s: pooled %s at 0x%llx was freed on stream %p, which is capturing and cannot be waited for "
-                    "before the unmap; nothing touched",
-                    what, vmm_fmt_bytes(m->extent, b), (unsigned long long)m->base, (void *)m->stream);
-  r = VMM_DRV(a, stream_synchronize, m->stream);
-  if (r != CUDA_SUCCESS)
-    return vmm_fail_driver(a, r, VMM_DRV_stream_synchronize, "%s: waiting for stream %p before unmapping pooled %s at 0x%llx",
-                           what, (void *)m->stream, vmm_fmt_bytes(m->extent, b), (unsigned long long)m->base);
-  if (*n_waited < cap) waited[(*n_waited)++] = m->stream;
-  return VMM_OK;
+  vmm_status st = wait_for_one(a, m, m->stream, what, waited, n_waited, cap);
+  for (uint32_t i = 0; i < m->use_count && st == VMM_OK; i++) st = wait_for_one(a, m, m->uses[i], what, waited, n_waited, cap);
+  return st;
 }
 
 CUresult vmm_stream_wait(vmm_arena *a, CUstream stream) { return VMM_DRV(a, stream_synchronize, stream); }
@@ -91,6 +116,46 @@ void vmm_stream_order_fini(vmm_arena *a) {
   (void)VMM_DRV(a, ctx_synchronize);
   if (a->order_event) (void)VMM_DRV(a, event_destroy, a->order_event);
   a->order_event = NULL;
+  while (a->spare_event_count) (void)VMM_DRV(a, event_destroy, a->spare_events[--a->spare_event_count]);
+  free(a->spare_events);
+  a->spare_events = NULL;
+}
+
+/* ---- Events of slot waits ------------------------------------------------------------- */
+
+CUevent vmm_event_get(vmm_arena *a) {
+  if (a->spare_event_count) return a->spare_events[--a->spare_event_count];
+  CUevent e = NULL;
+  CUresult r = VMM_DRV(a, event_create, &e, CU_EVENT_DISABLE_TIMING);
+  if (r == CUDA_SUCCESS) return e;
+  vmm_fail_driver(a, r, VMM_DRV_event_create, "creating an event for a slot another stream used");
+  return NULL;
+}
+
+void vmm_event_put(vmm_arena *a, CUevent e) {
+  CUevent *room = vmm_array_room(a->spare_events, a->spare_event_count, &a->spare_event_cap, sizeof *room);
+  if (!room) {
+    (void)VMM_DRV(a, event_destroy, e);
+    return;
+  }
+  a->spare_events = room;
+  a->spare_events[a->spare_event_count++] = e;
+}
+
+bool vmm_event_record(vmm_arena *a, CUevent e, CUstream stream) {
+  CUresult r = VMM_DRV(a, event_record, e, stream);
+  if (r == CUDA_SUCCESS) return true;
+  vmm_fail_driver(a, r, VMM_DRV_event_record, "recording an event on stream %p after a slot it used was freed",
+                  (void *)stream);
+  return false;
+}
+
+bool vmm_stream_wait_event(vmm_arena *a, CUstream stream, CUevent e) {
+  CUresult r = VMM_DRV(a, stream_wait_event, stream, e, 0);
+  if (r == CUDA_SUCCESS) return true;
+  vmm_fail_driver(a, r, VMM_DRV_stream_wait_event, "ordering stream %p after another stream's use of a slot",
+                  (void *)stream);
+  return false;
 }
 
 /* ---- Frees deferred by a capture ------------------------------------------------------ */
@@ -119,14 +184,16 @@ void vmm_process_deferred(vmm_arena *a) {
   vmm_mapping **link = &a->deferred_head;
   while (*link) {
     vmm_mapping *m = *link;
-    if (vmm_stream_capturing(a, m->stream) || VMM_DRV(a, stream_synchronize, m->stream) != CUDA_SUCCESS) {
+    bool pool = a->cfg.caching && vmm_frees_to_pool(a, m->kind); /* pooled: reuse is ordered by events, no wait */
+    if (vmm_stream_capturing(a, m->stream) || (!pool && VMM_DRV(a, stream_synchronize, m->stream) != CUDA_SUCCESS)) {
       link = &m->pool_next;
       continue;
     }
     *link = m->pool_next;
     m->pool_next = NULL;
+    if (pool && vmm_mapping_pool(a, m, m->stream) == 0) continue;
     bool unmapped;
-    if (vmm_mapping_retire(a, m, vmm_retaining(a), "a deferred free", &unmapped) != VMM_OK && !unmapped) {
+    if (vmm_mapping_retire(a, m, vmm_caching(a), "a deferred free", &unmapped) != VMM_OK && !unmapped) {
       /* The unmap failed: keep it deferred for the next attempt. */
       m->pool_next = *link;
       *link = m;

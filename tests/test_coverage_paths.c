@@ -357,11 +357,11 @@ static void test_many_aborts(void **state) {
     void *p = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, TU_STREAM(0));
     assert_int_equal(vmm_arena_free(a, p, TU_STREAM(0)), VMM_OK);
     assert_int_equal(vmm_retention_abort(a), VMM_OK);
-    assert_int_equal(a->aborted_count, (size_t)i + 1);
+    assert_int_equal(a->aborted_scopes.count, (size_t)i + 1);
     tu_check(a);
   }
-  assert_true(a->aborted_cap >= SCOPES);
-  for (size_t i = 1; i < a->aborted_count; i++) assert_true(a->aborted_scopes[i - 1] < a->aborted_scopes[i]);
+  assert_true(a->aborted_scopes.cap >= SCOPES);
+  for (size_t i = 1; i < a->aborted_scopes.count; i++) assert_true(a->aborted_scopes.ids[i - 1] < a->aborted_scopes.ids[i]);
   assert_int_equal(a->kind[VMM_KIND_TRANSIENT].abandoned_bytes, SCOPES * 2 * MiB);
   assert_int_equal(vmm_retention_abort(a), VMM_ERR_SCOPE_STATE); /* no scope open */
   tu_destroy(a);

@@ -1,0 +1,53 @@
+/* The cache of whole-process mode: given back to the driver on request (empty_cache), graph
+ * pools released, and the peaks of the usage figures reset. */
+#include <string.h>
+
+#include "internal.h"
+
+vmm_status vmm_arena_empty_cache(vmm_arena *a) {
+  if (!a) return VMM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&a->lock);
+  vmm_status st = vmm_retaining(a) ? VMM_OK : vmm_cache_release(a, "vmm_arena_empty_cache");
+  vmm_ctx_leave(a);
+  pthread_mutex_unlock(&a->lock);
+  return st;
+}
+
+/* The pool's pooled mappings join the shared cache. */
+static void share_pooled(vmm_arena *a, vmm_pool_id pool) {
+  for (vmm_avl *node = vmm_avl_last(a->store.pool.root); node;) {
+    vmm_bucket *b = vmm_container_of(node, vmm_bucket, node);
+    for (vmm_mapping *m = b->head; m; m = m->pool_next)
+      if (m->pool == pool) m->pool = VMM_POOL_SHARED;
+    node = b->size > 1 ? vmm_avl_floor(a->store.pool.root, b->size - 1, 0) : NULL;
+  }
+}
+
+vmm_status vmm_arena_release_pool(vmm_arena *a, vmm_pool_id pool) {
+  if (!a) return VMM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&a->lock);
+  vmm_status st = VMM_OK;
+  if (pool == VMM_POOL_SHARED)
+    st = vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "release_pool: the shared pool is never released");
+  else if ((st = vmm_quiesce(a)) != VMM_OK) /* its graph's last replay must be over first */
+    ;                                         /* the pool stays as it was */
+  else if (vmm_id_set_add(&a->released_pools, pool))
+    st = vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "release_pool(%llu): host out of memory; the pool stays",
+                  (unsigned long long)pool);
+  else
+    share_pooled(a, pool);
+  vmm_ctx_leave(a);
+  pthread_mutex_unlock(&a->lock);
+  return st;
+}
+
+vmm_status vmm_arena_reset_peaks(vmm_arena *a) {
+  if (!a) return VMM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&a->lock);
+  a->allocated_peak = a->allocated_bytes;
+  a->allocations_peak = a->allocations;
+  a->physical_peak = a->physical_bytes;
+  a->mapped_peak = a->mapped_bytes;
+  pthread_mutex_unlock(&a->lock);
+  return VMM_OK;
+}

@@ -1,0 +1,53 @@
+/* Draining the store: the memory cached in the pool and the idle tier given back to the
+ * driver, by vmm_retention_finish, vmm_arena_empty_cache and a request that finds new memory
+ * refused in whole-process mode. First the pool's streams are waited for (touching nothing),
+ * then the pool is drained by one stated order through one operation (pop, then unmap), then
+ * the idle handles are released. A failure stops where it is; a later call resumes. */
+#include <string.h>
+
+#include "internal.h"
+
+vmm_status vmm_drain_wait(vmm_arena *a, const char *what) {
+  CUstream waited[16];
+  size_t n_waited = 0;
+  for (vmm_avl *node = vmm_avl_last(a->store.pool.root); node;) {
+    vmm_bucket *b = vmm_container_of(node, vmm_bucket, node);
+    for (vmm_mapping *m = b->head; m; m = m->pool_next) {
+      vmm_status st = vmm_wait_for_free(a, m, what, waited, &n_waited, 16);
+      if (st != VMM_OK) return st;
+    }
+    node = vmm_avl_floor(a->store.pool.root, b->size - 1, 0);
+  }
+  return VMM_OK;
+}
+
+vmm_status vmm_drain_pool(vmm_arena *a, const char *what) {
+  vmm_mapping *m;
+  while ((m = vmm_pool_peek_drain(&a->store.pool)) != NULL) {
+    vmm_pool_remove(&a->store.pool, m);
+    vmm_status st = vmm_mapping_unmap(a, m, what);
+    if (st != VMM_OK) {
+      vmm_pool_push(&a->store.pool, m); /* the bucket it left is on the spare list: cannot fail */
+      char cause[sizeof a->last_error], b[32];
+      memcpy(cause, a->last_error, sizeof cause);
+      return vmm_fail(a, st, "%s (%zu mappings left in the pool, %s)", cause, a->store.pool.count,
+                      vmm_fmt_bytes(a->store.pool.bytes, b));
+    }
+    vmm_mapping_dispose(a, m, true, VMM_NO_STUCK);
+  }
+  return VMM_OK;
+}
+
+vmm_status vmm_drain_idle(vmm_arena *a, const char *what) {
+  vmm_handle *h;
+  while ((h = vmm_idle_largest(a)) != NULL) {
+    vmm_idle_remove(a, h);
+    vmm_status st = vmm_handle_release(a, h);
+    if (st != VMM_OK) {
+      char cause[sizeof a->last_error];
+      memcpy(cause, a->last_error, sizeof cause);
+      return vmm_fail(a, st, "%s: %s (%zu idle handles left)", what, cause, a->store.idle_count);
+    }
+  }
+  return VMM_OK;
+}

@@ -1,0 +1,409 @@
+/* Whole-process mode (vmm_config.caching) on the fake driver: pages and their slots, the cache
+ * outside a scope, stream order without host waits, record_stream, graph pools and captures,
+ * empty_cache, the cache released under pressure, and the usage figures. Every test ends
+ * with the invariant checker and a clean ledger (tu_destroy). */
+#include <string.h>
+
+#include "internal.h"
+#include "test_util.h"
+
+#define S1 TU_STREAM(1)
+#define S2 TU_STREAM(2)
+#define T VMM_KIND_TRANSIENT
+#define P VMM_KIND_PACKAGE
+
+static vmm_arena *process_arena(size_t limit, vmm_retain_mode retain) {
+  fake_driver_reset(NULL);
+  vmm_config c = tu_config();
+  c.caching = 1;
+  c.retain = retain; /* auto: off on the fake's discrete device, as on an H200 */
+  c.limit_bytes = limit;
+  return tu_arena(NULL, &c);
+}
+
+static void *alloc_in(vmm_arena *a, size_t bytes, vmm_kind kind, CUstream s, vmm_pool_id pool) {
+  void *p = NULL;
+  vmm_status st = vmm_arena_alloc_in(a, bytes, kind, s, pool, &p);
+  if (st != VMM_OK) fprintf(stderr, "alloc_in %zu: %s\n", bytes, vmm_arena_last_error(a));
+  assert_int_equal(st, VMM_OK);
+  return p;
+}
+
+static void free_ok(vmm_arena *a, void *p, CUstream s) {
+  vmm_status st = vmm_arena_free(a, p, s);
+  if (st != VMM_OK) fprintf(stderr, "free %p: %s\n", p, vmm_arena_last_error(a));
+  assert_int_equal(st, VMM_OK);
+}
+
+static vmm_usage usage(vmm_arena *a) {
+  vmm_usage u;
+  assert_int_equal(vmm_arena_usage(a, &u), VMM_OK);
+  return u;
+}
+
+static size_t first_call(size_t from, vmm_driver_entry e) {
+  for (size_t i = from; i < fake_call_count(); i++)
+    if (fake_call_at(i)->entry == e) return i;
+  return SIZE_MAX;
+}
+
+static CUdeviceptr dp(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
+
+/* ---- Pages ----------------------------------------------------------------------------- */
+
+static void slot_sizes(void **state) {
+  (void)state;
+  const size_t g = 2 * MiB;
+  assert_int_equal(vmm_page_slot_size(g, 1), 512);
+  assert_int_equal(vmm_page_slot_size(g, 513), 1024);
+  assert_int_equal(vmm_page_slot_size(g, 4096), 4096);
+  assert_int_equal(vmm_page_slot_size(g, 4097), 5120);   /* 4 KiB steps of 1 KiB */
+  assert_int_equal(vmm_page_slot_size(g, 40000), 40960); /* 32 KiB steps of 8 KiB */
+  assert_int_equal(vmm_page_slot_size(g, 65537), g / 31 / 512 * 512); /* 31 slots fill the page */
+  assert_int_equal(vmm_page_slot_size(g, g / 2), g / 2);
+  for (size_t b = 1; b <= g / 2; b = b * 3 + 7) {
+    size_t s = vmm_page_slot_size(g, b);
+    assert_true(s >= b && s % 512 == 0 && g / s >= 2);
+    assert_true(s - b <= s / 4 || s <= 4096 || g / s < 32); /* at most a quarter wasted, but in big slots */
+  }
+}
+
+/* Small requests share a page: one mapping, slots apart by the slot size, no driver call for
+ * the second; freeing them all gives the page back to the pool, still mapped. */
+static void small_requests_share_a_page(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  char *x = alloc_in(a, 1000, T, S1, 0);
+  size_t from = fake_call_count();
+  char *y = alloc_in(a, 700, T, S1, 0);
+  char *z = alloc_in(a, 1024, T, S1, 0);
+  assert_int_equal(fake_call_count(), from); /* no driver call */
+  assert_int_equal(dp(x) % (2 * MiB), 0);
+  assert_int_equal(y - x, 1024);
+  assert_int_equal(z - x, 2048);
+  vmm_usage u = usage(a);
+  assert_int_equal(u.pages, 1);
+  assert_int_equal(u.page_slots_used, 3);
+  assert_int_equal(u.allocated_bytes, 3 * 1024);
+  assert_int_equal(u.reserved_bytes, 2 * MiB);
+  free_ok(a, y, S1);
+  char *w = alloc_in(a, 800, T, S1, 0); /* the slot freed on its own stream, at once */
+  assert_ptr_equal(w, y);
+  free_ok(a, x, S1);
+  free_ok(a, w, S1);
+  assert_int_equal(usage(a).pages, 1);
+  free_ok(a, z, S1);
+  u = usage(a);
+  assert_int_equal(u.pages, 0);
+  assert_int_equal(u.allocated_bytes, 0);
+  assert_int_equal(u.reserved_bytes, 2 * MiB); /* cached: the page went to the pool */
+  assert_int_equal(tu_snapshot(a).kind[T].pooled_count, 1);
+  tu_destroy(a);
+}
+
+/* A page serves one kind, tag, stream, slot size and pool. */
+static void pages_are_kept_apart(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  void *base = alloc_in(a, 512, T, S1, 0);
+  void *other[5];
+  other[0] = alloc_in(a, 512, P, S1, 0);
+  other[1] = alloc_in(a, 512, T, S2, 0);
+  other[2] = alloc_in(a, 512, T, S1, 9);
+  other[3] = alloc_in(a, 4096, T, S1, 0);
+  vmm_tag_push("t");
+  other[4] = alloc_in(a, 512, T, S1, 0);
+  vmm_tag_pop();
+  for (int i = 0; i < 5; i++) assert_int_not_equal(dp(other[i]) / (2 * MiB), dp(base) / (2 * MiB));
+  assert_int_equal(usage(a).pages, 6);
+  assert_int_equal(vmm_arena_pause(a, "t", VMM_PAUSE_DISCARD), VMM_OK); /* exactly the tagged page */
+  assert_int_equal(tu_snapshot(a).kind[T].paused_count, 1);
+  assert_int_equal(vmm_arena_resume(a, "t"), VMM_OK);
+  free_ok(a, base, S1);
+  free_ok(a, other[0], S1);
+  free_ok(a, other[1], S2);
+  free_ok(a, other[2], S1);
+  free_ok(a, other[3], S1);
+  free_ok(a, other[4], S1);
+  assert_int_equal(usage(a).pages, 0);
+  tu_destroy(a);
+}
+
+static void bad_frees_of_slots(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  char *x = alloc_in(a, 1000, T, S1, 0);
+  char *y = alloc_in(a, 1000, T, S1, 0);
+  assert_int_equal(vmm_arena_free(a, x + 16, S1), VMM_ERR_UNKNOWN_POINTER);
+  assert_non_null(strstr(vmm_arena_last_error(a), "no taken slot starts there"));
+  assert_int_equal(vmm_arena_free(a, x + 2048, S1), VMM_ERR_UNKNOWN_POINTER); /* a free slot */
+  free_ok(a, x, S1);
+  assert_int_equal(vmm_arena_free(a, x, S1), VMM_ERR_UNKNOWN_POINTER); /* twice */
+  assert_int_equal(usage(a).page_slots_used, 1);
+  free_ok(a, y, S1);
+  tu_destroy(a);
+}
+
+/* ---- The cache outside a scope -------------------------------------------------------- */
+
+static void exact_hit_outside_a_scope(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  void *p = alloc_in(a, 6 * MiB, T, S1, 0);
+  size_t from = fake_call_count();
+  free_ok(a, p, S1);
+  assert_ptr_equal(alloc_in(a, 6 * MiB, T, S1, 0), p);
+  assert_int_equal(fake_call_count(), from); /* free and hit: no driver call */
+  void *q = alloc_in(a, 6 * MiB, P, S1, 0);  /* another kind: not the pooled transient */
+  assert_ptr_not_equal(q, p);
+  free_ok(a, p, S1);
+  free_ok(a, q, S1);
+  assert_ptr_equal(alloc_in(a, 6 * MiB, P, S1, 0), q); /* package memory is cached too */
+  free_ok(a, q, S1);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_release), 0);
+  tu_destroy(a);
+}
+
+static void cross_stream_hit_waits_on_an_event(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  void *p = alloc_in(a, 4 * MiB, T, S1, 0);
+  free_ok(a, p, S1);
+  size_t from = fake_call_count();
+  assert_ptr_equal(alloc_in(a, 4 * MiB, T, S2, 0), p);
+  size_t record = first_call(from, VMM_DRV_event_record), wait = first_call(from, VMM_DRV_stream_wait_event);
+  assert_true(record != SIZE_MAX && wait != SIZE_MAX && record < wait);
+  assert_int_equal(fake_call_at(record)->a1, (uintptr_t)S1);
+  assert_int_equal(fake_call_at(wait)->a0, (uintptr_t)S2);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_stream_synchronize), 0); /* never a host wait */
+  assert_int_equal(fake_calls_since(from, VMM_DRV_ctx_synchronize), 0);
+  free_ok(a, p, S2);
+  tu_destroy(a);
+}
+
+/* A miss is assembled from pooled mappings only once their frees are known complete (a
+ * quiesce); before that, new memory, and no host wait. */
+static void assembly_takes_apart_only_what_is_complete(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  void *x = alloc_in(a, 4 * MiB, T, S1, 0), *y = alloc_in(a, 4 * MiB, T, S1, 0);
+  free_ok(a, x, S1);
+  free_ok(a, y, S1);
+  size_t from = fake_call_count();
+  void *z = alloc_in(a, 8 * MiB, T, S1, 0);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_stream_synchronize), 0);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 0);
+  assert_int_equal(usage(a).reserved_bytes, 16 * MiB);
+  free_ok(a, z, S1);
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  from = fake_call_count();
+  void *big = alloc_in(a, 16 * MiB, T, S1, 0); /* all three taken apart: no new memory */
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 0);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_stream_synchronize), 0);
+  assert_int_equal(usage(a).reserved_bytes, 16 * MiB);
+  free_ok(a, big, S1);
+  tu_destroy(a);
+}
+
+/* ---- record_stream -------------------------------------------------------------------- */
+
+static void record_stream_orders_reuse_of_a_mapping(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  void *p = alloc_in(a, 4 * MiB, T, S1, 0);
+  assert_int_equal(vmm_arena_record_stream(a, p, S2), VMM_OK);
+  assert_int_equal(vmm_arena_record_stream(a, p, S2), VMM_OK); /* twice: once */
+  free_ok(a, p, S1);
+  size_t from = fake_call_count();
+  assert_ptr_equal(alloc_in(a, 4 * MiB, T, S1, 0), p); /* its own stream, but S2 used it */
+  size_t record = first_call(from, VMM_DRV_event_record), wait = first_call(from, VMM_DRV_stream_wait_event);
+  assert_true(record != SIZE_MAX && wait != SIZE_MAX && record < wait);
+  assert_int_equal(fake_call_at(record)->a1, (uintptr_t)S2);
+  assert_int_equal(fake_call_at(wait)->a0, (uintptr_t)S1);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_event_record), 1);
+  free_ok(a, p, S1);
+  from = fake_call_count();
+  assert_ptr_equal(alloc_in(a, 4 * MiB, T, S1, 0), p); /* the added stream was forgotten at the hit */
+  assert_int_equal(fake_call_count(), from);
+  free_ok(a, p, S1);
+  assert_int_equal(vmm_arena_record_stream(a, p, S2), VMM_ERR_UNKNOWN_POINTER);
+  tu_destroy(a);
+}
+
+static void record_stream_orders_reuse_of_a_slot(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  char *x = alloc_in(a, 512, T, S1, 0);
+  char *keep = alloc_in(a, 512, T, S1, 0);
+  assert_int_equal(vmm_arena_record_stream(a, x, S2), VMM_OK);
+  size_t from = fake_call_count();
+  free_ok(a, x, S1);
+  size_t record = first_call(from, VMM_DRV_event_record);
+  assert_true(record != SIZE_MAX);
+  assert_int_equal(fake_call_at(record)->a1, (uintptr_t)S2);
+  uintptr_t event = fake_call_at(record)->a0;
+  assert_int_equal(usage(a).page_slots_used, 2); /* the slot waits: not free yet */
+  assert_int_equal(vmm_arena_free(a, x, S1), VMM_ERR_UNKNOWN_POINTER);
+  from = fake_call_count();
+  char *y = alloc_in(a, 512, T, S1, 0);
+  size_t wait = first_call(from, VMM_DRV_stream_wait_event);
+  assert_true(wait != SIZE_MAX);
+  assert_int_equal(fake_call_at(wait)->a0, (uintptr_t)S1);
+  assert_int_equal(fake_call_at(wait)->a1, event);
+  assert_ptr_equal(y, x); /* given back once ordered, and taken first */
+  free_ok(a, y, S1);
+  free_ok(a, keep, S1);
+  assert_int_equal(usage(a).pages, 0);
+  tu_destroy(a);
+}
+
+/* ---- Graph pools and captures --------------------------------------------------------- */
+
+static void a_pool_keeps_its_memory(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  void *g = alloc_in(a, 6 * MiB, T, S1, 7);
+  void *gs = alloc_in(a, 512, T, S1, 7);
+  free_ok(a, g, S1);
+  free_ok(a, gs, S1);
+  void *e = alloc_in(a, 6 * MiB, T, S1, 0); /* eager: not the graph's */
+  assert_ptr_not_equal(e, g);
+  assert_ptr_equal(alloc_in(a, 6 * MiB, T, S1, 7), g); /* the graph's, again */
+  free_ok(a, g, S1);
+  free_ok(a, e, S1);
+  size_t from = fake_call_count();
+  assert_int_equal(vmm_arena_release_pool(a, 7), VMM_OK);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_ctx_synchronize), 1); /* its last replay is over */
+  void *x = alloc_in(a, 6 * MiB, T, S1, 0), *y = alloc_in(a, 6 * MiB, T, S1, 0);
+  assert_true((x == g || y == g) && (x == e || y == e)); /* both shared now */
+  void *p;
+  assert_int_equal(vmm_arena_alloc_in(a, 4096, T, S1, 7, &p), VMM_ERR_INVALID_ARGUMENT);
+  assert_null(p);
+  assert_int_equal(vmm_arena_release_pool(a, VMM_POOL_SHARED), VMM_ERR_INVALID_ARGUMENT);
+  free_ok(a, x, S1);
+  free_ok(a, y, S1);
+  tu_destroy(a);
+}
+
+/* While a capture is underway, shared memory freed on a capturing stream waits for the capture
+ * to end; the pool's own memory is reused within the capture. With no capture underway a free
+ * asks the driver nothing. */
+static void frees_during_a_capture(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  void *eager = alloc_in(a, 4 * MiB, T, S1, 0);
+  assert_int_equal(vmm_arena_capture_begin(a, 3), VMM_OK);
+  fake_set_capturing(S1, 1);
+  void *g = alloc_in(a, 4 * MiB, T, S1, 3);
+  free_ok(a, g, S1);
+  assert_ptr_equal(alloc_in(a, 4 * MiB, T, S1, 3), g); /* within the capture */
+  free_ok(a, eager, S1);
+  vmm_snapshot s = tu_snapshot(a);
+  assert_int_equal(s.deferred_frees, 1);
+  assert_int_equal(fake_calls_since(0, VMM_DRV_stream_synchronize), 0);
+  void *again = alloc_in(a, 4 * MiB, T, S1, 3);
+  assert_ptr_not_equal(again, eager); /* deferred: not reused during the capture */
+  fake_set_capturing(S1, 0);
+  assert_int_equal(vmm_arena_capture_end(a, 3), VMM_OK);
+  assert_int_equal(vmm_arena_capture_end(a, 3), VMM_ERR_INVALID_ARGUMENT);
+  assert_ptr_equal(alloc_in(a, 4 * MiB, T, S1, 0), eager); /* pooled once the capture is over */
+  assert_int_equal(fake_calls_since(0, VMM_DRV_stream_synchronize), 0);
+  size_t from = fake_call_count();
+  free_ok(a, eager, S1);
+  assert_int_equal(fake_call_count(), from);
+  free_ok(a, g, S1);
+  free_ok(a, again, S1);
+  assert_int_equal(vmm_arena_capture_begin(a, VMM_POOL_SHARED), VMM_ERR_INVALID_ARGUMENT);
+  tu_destroy(a);
+}
+
+/* ---- Giving memory back ---------------------------------------------------------------- */
+
+static void empty_cache_releases_outside_a_scope_only(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_ON);
+  void *live = alloc_in(a, 2 * MiB, T, S1, 0);
+  void *p = alloc_in(a, 4 * MiB, T, S1, 0), *s = alloc_in(a, 512, T, S2, 0);
+  free_ok(a, p, S1);
+  free_ok(a, s, S2);
+  assert_int_equal(vmm_retention_begin(a), VMM_OK);
+  size_t from = fake_call_count();
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_release), 0); /* the scope keeps everything */
+  assert_int_equal(vmm_retention_finish(a), VMM_OK);
+  assert_int_equal(usage(a).reserved_bytes, 2 * MiB);
+  void *q = alloc_in(a, 4 * MiB, T, S1, 0);
+  free_ok(a, q, S1);
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
+  fake_ledger l;
+  fake_get_ledger(&l);
+  assert_int_equal(l.live_handle_bytes, 2 * MiB); /* only the live allocation */
+  assert_int_equal(usage(a).cached_bytes, 0);
+  free_ok(a, live, S1);
+  tu_destroy(a);
+}
+
+/* New memory refused (the limit): the cache goes back to the driver and the request is made. */
+static void refused_memory_releases_the_cache(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(10 * MiB, VMM_RETAIN_AUTO);
+  void *x = alloc_in(a, 4 * MiB, T, S1, 0), *y = alloc_in(a, 4 * MiB, T, S1, 0);
+  free_ok(a, x, S1);
+  free_ok(a, y, S1);
+  void *z = alloc_in(a, 10 * MiB, T, S1, 0);
+  vmm_usage u = usage(a);
+  assert_int_equal(u.cache_releases, 1);
+  assert_int_equal(u.reserved_bytes, 10 * MiB);
+  assert_int_equal(u.refusals, 0);
+  void *w;
+  assert_int_equal(vmm_arena_alloc_in(a, 2 * MiB, T, S1, 0, &w), VMM_ERR_OUT_OF_MEMORY); /* nothing cached left */
+  assert_non_null(strstr(vmm_arena_last_error(a), "limit"));
+  assert_int_equal(usage(a).refusals, 1);
+  free_ok(a, z, S1);
+  tu_destroy(a);
+}
+
+static void usage_and_peaks(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  void *x = alloc_in(a, 3 * MiB, T, S1, 0), *s = alloc_in(a, 100, T, S1, 0);
+  vmm_usage u = usage(a);
+  assert_int_equal(u.allocated_bytes, 4 * MiB + 512);
+  assert_int_equal(u.allocations, 2);
+  free_ok(a, x, S1);
+  u = usage(a);
+  assert_int_equal(u.allocated_bytes, 512);
+  assert_int_equal(u.allocated_peak_bytes, 4 * MiB + 512);
+  assert_int_equal(u.allocations_peak, 2);
+  assert_int_equal(u.cached_bytes, 6 * MiB - 512);
+  assert_int_equal(vmm_arena_reset_peaks(a), VMM_OK);
+  u = usage(a);
+  assert_int_equal(u.allocated_peak_bytes, 512);
+  assert_int_equal(u.reserved_peak_bytes, 6 * MiB);
+  assert_int_equal(u.alloc_count, 2);
+  assert_int_equal(u.free_count, 1);
+  free_ok(a, s, S1);
+  assert_int_equal(vmm_arena_usage(a, NULL), VMM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(vmm_arena_usage(NULL, &u), VMM_ERR_INVALID_ARGUMENT);
+  tu_destroy(a);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(slot_sizes),
+      cmocka_unit_test(small_requests_share_a_page),
+      cmocka_unit_test(pages_are_kept_apart),
+      cmocka_unit_test(bad_frees_of_slots),
+      cmocka_unit_test(exact_hit_outside_a_scope),
+      cmocka_unit_test(cross_stream_hit_waits_on_an_event),
+      cmocka_unit_test(assembly_takes_apart_only_what_is_complete),
+      cmocka_unit_test(record_stream_orders_reuse_of_a_mapping),
+      cmocka_unit_test(record_stream_orders_reuse_of_a_slot),
+      cmocka_unit_test(a_pool_keeps_its_memory),
+      cmocka_unit_test(frees_during_a_capture),
+      cmocka_unit_test(empty_cache_releases_outside_a_scope_only),
+      cmocka_unit_test(refused_memory_releases_the_cache),
+      cmocka_unit_test(usage_and_peaks),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
