@@ -43,17 +43,20 @@ typedef struct options {
   size_t capacity;    /* 0 = unbounded (fake) or no limit (cuda) */
   size_t granularity; /* fake only; 0 = the fake's default */
   size_t handle_bound; /* 0 = the arena's choice */
+  int cache;           /* whole-process mode: every free cached, small requests carved (vmm_config.caching) */
   const char *csv, *plot, *trace;
 } options;
 
 static void usage(FILE *f) {
   fputs("usage: vmmarena-replay [--driver fake|cuda] [--capacity SIZE] [--granularity SIZE] [--handle-bound SIZE]\n"
-        "                       [--csv OUT.csv] [--plot OUT.png] [TRACE]\n"
+        "                       [--cache] [--csv OUT.csv] [--plot OUT.png] [TRACE]\n"
         "  TRACE          trace file (plain or gzip); default: the trace built into this binary\n"
         "  --driver       fake (default: simulated driver, no GPU needed) or cuda (device 0)\n"
         "  --capacity     physical memory of the fake device, or the arena limit with cuda (e.g. 96G)\n"
         "  --granularity  allocation granularity of the fake device (default 2M)\n"
         "  --handle-bound largest handle created inside a scope (default: the arena's choice)\n"
+        "  --cache        whole-process mode (VMMARENA_CACHE=on): frees cached outside a scope too, requests\n"
+        "                 below half the granularity carved from pages (a trace recorded in that mode)\n"
         "  --csv          one row per policy\n"
         "  --plot         physical bytes over the operations, per policy (needs python3-matplotlib)\n",
         f);
@@ -81,6 +84,10 @@ static int parse_options(int argc, char **argv, options *o) {
         return -1;
       }
       o->trace = arg;
+      continue;
+    }
+    if (!strcmp(arg, "--cache")) {
+      o->cache = 1;
       continue;
     }
     if (i + 1 >= argc) {
@@ -472,6 +479,7 @@ static int replay(const options *o, const policy *p, const trace *t, const repla
   cfg.reuse = p->reuse;
   cfg.reuse_bound = p->bound;
   cfg.handle_bound_bytes = o->handle_bound;
+  cfg.caching = o->cache;
   cfg.log_level = 0; /* refusals are counted, not logged */
   if (o->driver == DRIVER_FAKE) {
     fake_options fo = {.capacity = o->capacity ? o->capacity : UNBOUNDED_CAPACITY,
