@@ -2,6 +2,7 @@
  * outside a scope, stream order without host waits, record_stream, graph pools and captures,
  * empty_cache, the cache released under pressure, and the usage figures. Every test ends
  * with the invariant checker and a clean ledger (tu_destroy). */
+#include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
@@ -388,6 +389,140 @@ static void usage_and_peaks(void **state) {
   tu_destroy(a);
 }
 
+/* ---- Countdown over the whole-process paths ---------------------------------------------- */
+
+/* What a failed allocation must leave as it was. */
+typedef struct held {
+  vmm_kind_stats kind[VMM_KIND_COUNT];
+  uint64_t physical, mapped, pool_count, pages, slots;
+} held;
+
+static held holdings(vmm_arena *a) {
+  vmm_snapshot s = tu_snapshot(a);
+  vmm_usage u = usage(a);
+  held h;
+  memset(&h, 0, sizeof h);
+  memcpy(h.kind, s.kind, sizeof h.kind);
+  h.physical = s.physical_bytes, h.mapped = s.mapped_bytes, h.pages = u.pages, h.slots = u.page_slots_used;
+  h.pool_count = s.kind[T].pooled_count + s.kind[P].pooled_count;
+  return h;
+}
+
+typedef struct countdown {
+  vmm_arena *a;
+  void *live[16];
+  CUstream stream[16];
+  int n;
+  bool single; /* one injected failure: a failed allocation must change nothing */
+} countdown;
+
+/* Returns the allocation's index, or -1 if it failed. */
+static int cd_alloc(countdown *c, size_t bytes, vmm_kind kind, CUstream s, vmm_pool_id pool) {
+  held before = holdings(c->a);
+  unsigned fired = fake_faults_fired();
+  void *p = NULL;
+  vmm_status st = vmm_arena_alloc_in(c->a, bytes, kind, s, pool, &p);
+  tu_check(c->a);
+  if (st == VMM_OK) {
+    c->stream[c->n] = s;
+    c->live[c->n] = p;
+    return c->n++;
+  }
+  assert_true(st == VMM_ERR_OUT_OF_MEMORY || st == VMM_ERR_DRIVER);
+  assert_null(p);
+  held after = holdings(c->a);
+  if (c->single && fake_faults_fired() == fired + 1 && st == VMM_ERR_OUT_OF_MEMORY)
+    assert_memory_equal(&before, &after, sizeof before); /* a refusal changes nothing */
+  return -1;
+}
+
+/* Frees the i-th allocation; a failure keeps it live for the cleanup. */
+static void cd_free(countdown *c, int i) {
+  if (i < 0 || i >= c->n || !c->live[i]) return;
+  vmm_status st = vmm_arena_free(c->a, c->live[i], c->stream[i]);
+  tu_check(c->a);
+  if (st == VMM_OK) c->live[i] = NULL;
+  else if (st != VMM_ERR_DRIVER && st != VMM_ERR_OUT_OF_MEMORY)
+    fail_msg("free %d: %s: %s", i, vmm_status_name(st), vmm_arena_last_error(c->a));
+}
+
+/* Slots, a page given back, hits across streams, record_stream on a slot and a mapping, a
+ * graph pool with a capture, the cache released under the limit, and empty_cache. */
+static void cd_scenario(countdown *c) {
+  vmm_arena *a = c->a;
+  cd_alloc(c, 1000, T, S1, 0);
+  cd_alloc(c, 3000, T, S1, 0);
+  cd_alloc(c, 6 * MiB, T, S1, 0);
+  if (c->n > 0 && c->live[0]) (void)vmm_arena_record_stream(a, c->live[0], S2);
+  if (c->n > 2 && c->live[2]) (void)vmm_arena_record_stream(a, c->live[2], S2);
+  cd_free(c, 0);
+  cd_free(c, 2);
+  cd_alloc(c, 1000, T, S1, 0);  /* the slot after its wait */
+  cd_alloc(c, 6 * MiB, T, S2, 0); /* a hit on another stream */
+  (void)vmm_arena_capture_begin(a, 5);
+  fake_set_capturing(S1, 1);
+  cd_free(c, cd_alloc(c, 4 * MiB, T, S1, 5));
+  cd_free(c, 1);
+  fake_set_capturing(S1, 0);
+  (void)vmm_arena_capture_end(a, 5);
+  cd_alloc(c, 10 * MiB, P, S1, 0); /* past the limit with the cache: released, then made */
+  (void)vmm_arena_quiesce(a);
+  tu_check(a);
+  (void)vmm_arena_release_pool(a, 5);
+  for (int i = 0; i < c->n; i++) cd_free(c, i);
+  (void)vmm_arena_empty_cache(a);
+  tu_check(a);
+}
+
+/* Returns the faults the run met. */
+static unsigned countdown_run(unsigned nth, CUresult code, int persistent) {
+  countdown c = {0};
+  c.a = process_arena(24 * MiB, VMM_RETAIN_AUTO);
+  c.single = !persistent;
+  if (nth) fake_fail_nth_any(nth, code, persistent);
+  cd_scenario(&c);
+  unsigned fired = fake_faults_fired();
+  fake_clear_faults();
+  fake_set_capturing(S1, 0);
+  for (int i = 0; i < c.n; i++)
+    if (c.live[i]) assert_int_equal(vmm_arena_free(c.a, c.live[i], c.stream[i]), VMM_OK);
+  tu_check(c.a);
+  vmm_arena_destroy(c.a);
+  /* Nothing is left but a context whose pop failed, or a primary retain whose release failed,
+   * as the real driver would leave them. */
+  size_t pops = 0, releases = 0;
+  for (size_t i = 0; i < fake_call_count(); i++) {
+    const fake_call *k = fake_call_at(i);
+    pops += k->entry == VMM_DRV_ctx_pop_current && k->result != CUDA_SUCCESS;
+    releases += k->entry == VMM_DRV_primary_ctx_release && k->result != CUDA_SUCCESS;
+  }
+  fake_ledger l;
+  fake_get_ledger(&l);
+  if (l.live_handles || l.live_mappings || l.reservations || l.live_events || l.errors || l.ctx_pushed != pops ||
+      l.primary_retained != releases)
+    (void)fake_ledger_clean(); /* prints what is left */
+  assert_true(!l.live_handles && !l.live_mappings && !l.reservations && !l.live_events && !l.errors);
+  assert_int_equal(l.ctx_pushed, pops);
+  assert_int_equal(l.primary_retained, releases);
+  return fired;
+}
+
+static void countdown_over_whole_process_paths(void **state) {
+  (void)state;
+  assert_int_equal(countdown_run(0, CUDA_SUCCESS, 0), 0);
+  size_t points = 0;
+  const CUresult codes[] = {CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN};
+  for (int persistent = 0; persistent < 2; persistent++)
+    for (size_t k = 0; k < 2; k++)
+      for (unsigned nth = 1;; nth++) {
+        if (!countdown_run(nth, codes[k], persistent)) break;
+        points++;
+        assert_true(nth < 10000);
+      }
+  fprintf(stderr, "countdown over the whole-process paths: %zu injection points\n", points);
+  assert_true(points > 40);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(slot_sizes),
@@ -404,6 +539,7 @@ int main(void) {
       cmocka_unit_test(empty_cache_releases_outside_a_scope_only),
       cmocka_unit_test(refused_memory_releases_the_cache),
       cmocka_unit_test(usage_and_peaks),
+      cmocka_unit_test(countdown_over_whole_process_paths),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
