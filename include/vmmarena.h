@@ -242,7 +242,7 @@ VMM_API vmm_status vmm_arena_alloc_in(vmm_arena *arena, size_t bytes, vmm_kind k
  * page): once it is freed, its memory is reused only after the work queued on `stream` by then
  * (an event the reusing stream waits on; the host never waits). A stream that is the
  * allocation's own, or already added, is a no-op.
- *   VMM_ERR_UNKNOWN_POINTER   ptr is not a live allocation; nothing changes;
+ *   VMM_ERR_UNKNOWN_POINTER   ptr is not a live or paused allocation; nothing changes;
  *   VMM_ERR_OUT_OF_MEMORY     no host memory to remember the stream; nothing changes. */
 VMM_API vmm_status vmm_arena_record_stream(vmm_arena *arena, void *ptr, CUstream stream);
 /* A capture into `pool` begins or ends (PyTorch's begin and end of allocating to a pool).

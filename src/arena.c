@@ -140,6 +140,7 @@ vmm_status vmm_alloc_mapping(vmm_arena *a, const vmm_request *req, vmm_mapping *
 
 /* Empty pages (their last slot given back after a wait) back to the pool as whole mappings. */
 static void free_empty_pages(vmm_arena *a) {
+  vmm_pages_settle(a);
   vmm_mapping *m;
   while ((m = vmm_pages_find_empty(a)) != NULL) {
     CUstream stream = m->page->set->key.stream;

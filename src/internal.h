@@ -509,6 +509,8 @@ VMM_INTERNAL vmm_page *vmm_pages_slot_of(const vmm_arena *a, CUdeviceptr ptr, ui
 VMM_INTERNAL bool vmm_pages_give_back(vmm_arena *a, vmm_page *pg, uint32_t slot);
 /* Adds `stream` to a taken slot's streams; -1 on host out-of-memory, nothing changed. */
 VMM_INTERNAL int vmm_pages_add_use(vmm_page *pg, uint32_t slot, CUstream stream);
+/* Gives back every waiting slot whose page's stream can wait for its event now. */
+VMM_INTERNAL void vmm_pages_settle(vmm_arena *a);
 /* A live page whose slots are all free (left so by a wait given back), or NULL. */
 VMM_INTERNAL vmm_mapping *vmm_pages_find_empty(const vmm_arena *a);
 /* An empty page back to a plain mapping (m->page NULL). */

@@ -231,6 +231,11 @@ bool vmm_pages_give_back(vmm_arena *a, vmm_page *pg, uint32_t slot) {
   return pg->used == 0;
 }
 
+void vmm_pages_settle(vmm_arena *a) {
+  for (size_t i = 0; i < a->pages.cap; i++)
+    if (a->pages.slots[i] && a->pages.slots[i]->waits) release_waits(a, a->pages.slots[i]);
+}
+
 vmm_mapping *vmm_pages_find_empty(const vmm_arena *a) {
   for (size_t i = 0; i < a->pages.cap; i++)
     for (vmm_page *pg = a->pages.slots[i] ? a->pages.slots[i]->partial : NULL; pg; pg = pg->next)

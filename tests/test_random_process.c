@@ -1,0 +1,200 @@
+/* Seeded random operations in whole-process mode against a shadow model of the live
+ * allocations: whole mappings and slots of pages, of both kinds, three tags, three streams,
+ * two graph pools with captures, record_stream, pause and resume of a tag, quiesce,
+ * empty_cache and pool releases. After every operation: no two live allocations overlap,
+ * each one's contents (a pattern written at its allocation, through the fake driver) are
+ * intact, the usage figures equal the model's, and every few steps the invariant checker
+ * passes. At the end everything is freed, empty_cache leaves nothing held, and the ledger is
+ * clean. VMMARENA_RANDOM_PROCESS_OPS overrides the step count. */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+#define MAX_LIVE 256
+#define STEPS 10000
+
+typedef struct live {
+  CUdeviceptr at;
+  size_t bytes, held; /* requested, and what the arena counts for it */
+  CUstream stream;
+  int tag;            /* -1: none */
+  uint32_t seed;
+} live;
+
+typedef struct model {
+  vmm_arena *a;
+  uint64_t rng;
+  live l[MAX_LIVE];
+  int n;
+  uint64_t allocated;
+  bool paused;        /* tag "t1" is paused */
+  vmm_pool_id capture; /* 0: none underway */
+  vmm_pool_id next_pool;
+  size_t step;
+} model;
+
+static const char *const tags[] = {"t0", "t1", "t2"};
+
+static uint32_t next(model *m) {
+  m->rng ^= m->rng << 13, m->rng ^= m->rng >> 7, m->rng ^= m->rng << 17;
+  return (uint32_t)(m->rng >> 16);
+}
+
+static CUstream stream_of(uint32_t r) { return TU_STREAM(1 + r % 3); }
+
+/* The allocation's pattern: 64 bytes at each end (at the start only when they would overlap). */
+static void pattern(const live *x, unsigned char *buf, size_t n) {
+  for (size_t i = 0; i < n; i++) buf[i] = (unsigned char)(x->seed * 131u + i * 7u);
+}
+
+static void write_ends(const live *x) {
+  unsigned char buf[64];
+  size_t n = x->bytes < 64 ? x->bytes : 64;
+  pattern(x, buf, n);
+  assert_int_equal(fake_write(x->at, buf, n), 0);
+  if (x->bytes >= 2 * n) assert_int_equal(fake_write(x->at + x->bytes - n, buf, n), 0);
+}
+
+static void check_ends(const live *x) {
+  unsigned char want[64], got[64];
+  size_t n = x->bytes < 64 ? x->bytes : 64;
+  pattern(x, want, n);
+  assert_int_equal(fake_read(x->at, got, n), 0);
+  assert_memory_equal(got, want, n);
+  if (x->bytes < 2 * n) return;
+  assert_int_equal(fake_read(x->at + x->bytes - n, got, n), 0);
+  assert_memory_equal(got, want, n);
+}
+
+/* A new allocation overlaps no live one (so no two ever do). */
+static void check_apart(const model *m, const live *x) {
+  for (int i = 0; i < m->n; i++)
+    if (x->at < m->l[i].at + m->l[i].bytes && m->l[i].at < x->at + x->bytes)
+      fail_msg("step %zu: 0x%llx+%zu overlaps the live 0x%llx+%zu", m->step, (unsigned long long)x->at, x->bytes,
+               (unsigned long long)m->l[i].at, m->l[i].bytes);
+}
+
+static void check_model(model *m) {
+  if (m->step % 16 == 0)
+    for (int i = 0; i < m->n; i++)
+      if (!(m->paused && m->l[i].tag == 1)) check_ends(&m->l[i]);
+  vmm_usage u;
+  assert_int_equal(vmm_arena_usage(m->a, &u), VMM_OK);
+  assert_int_equal(u.allocations, (uint64_t)m->n);
+  assert_int_equal(u.allocated_bytes, m->allocated);
+  if (m->step % 64 == 0) tu_check(m->a);
+}
+
+static size_t size_of(model *m) {
+  uint32_t r = next(m);
+  switch (r % 4) {
+  case 0: return 1 + r % 4096;             /* small slots */
+  case 1: return 4096 + r % (1u << 20);    /* large slots */
+  case 2: return (1u << 20) + r % (6u << 20); /* whole mappings */
+  default: return 1 + r % (256u << 10);
+  }
+}
+
+static void op_alloc(model *m) {
+  if (m->n == MAX_LIVE) return;
+  uint32_t r = next(m);
+  live x = {0, size_of(m), 0, stream_of(r), (int)(r % 4) - 1, next(m)};
+  if (x.tag == 1 && m->paused) x.tag = 2; /* a paused tag takes no new memory in this model */
+  vmm_pool_id pool = m->capture && x.stream == TU_STREAM(1) ? m->capture : VMM_POOL_SHARED;
+  if (x.tag >= 0) vmm_tag_push(tags[x.tag]);
+  void *p = NULL;
+  vmm_usage before;
+  assert_int_equal(vmm_arena_usage(m->a, &before), VMM_OK);
+  vmm_status st = vmm_arena_alloc_in(m->a, x.bytes, r & 16 ? VMM_KIND_PACKAGE : VMM_KIND_TRANSIENT, x.stream, pool, &p);
+  if (x.tag >= 0) vmm_tag_pop();
+  if (st != VMM_OK) fail_msg("step %zu: alloc %zu: %s", m->step, x.bytes, vmm_arena_last_error(m->a));
+  vmm_usage after;
+  assert_int_equal(vmm_arena_usage(m->a, &after), VMM_OK);
+  x.at = (CUdeviceptr)(uintptr_t)p;
+  x.held = after.allocated_bytes - before.allocated_bytes;
+  assert_true(x.held >= x.bytes);
+  check_apart(m, &x);
+  write_ends(&x);
+  m->allocated += x.held;
+  m->l[m->n++] = x;
+}
+
+static void op_free(model *m) {
+  if (!m->n) return;
+  int i = (int)(next(m) % (uint32_t)m->n);
+  live x = m->l[i];
+  if (!(m->paused && x.tag == 1)) check_ends(&x);
+  if (next(m) % 8 == 0) assert_int_equal(vmm_arena_record_stream(m->a, (void *)(uintptr_t)x.at, stream_of(next(m))), VMM_OK);
+  assert_int_equal(vmm_arena_free(m->a, (void *)(uintptr_t)x.at, x.stream), VMM_OK);
+  assert_int_equal(vmm_arena_free(m->a, (void *)(uintptr_t)x.at, x.stream), VMM_ERR_UNKNOWN_POINTER);
+  m->allocated -= x.held;
+  m->l[i] = m->l[--m->n];
+}
+
+static void op_control(model *m) {
+  uint32_t r = next(m) % 6;
+  if (r == 0 && !m->capture && vmm_arena_quiesce(m->a) != VMM_OK) /* the device cannot sync during a capture */
+    fail_msg("step %zu: quiesce: %s", m->step, vmm_arena_last_error(m->a));
+  if (r == 1) { /* during a capture, memory freed on the capturing stream cannot be waited for */
+    vmm_status st = vmm_arena_empty_cache(m->a);
+    if (st != VMM_OK && !(m->capture && st == VMM_ERR_SCOPE_STATE))
+      fail_msg("step %zu: empty_cache: %s", m->step, vmm_arena_last_error(m->a));
+  }
+  if (r == 2 && !m->capture) {
+    m->capture = ++m->next_pool;
+    assert_int_equal(vmm_arena_capture_begin(m->a, m->capture), VMM_OK);
+    fake_set_capturing(TU_STREAM(1), 1);
+  } else if (r == 2) {
+    fake_set_capturing(TU_STREAM(1), 0);
+    assert_int_equal(vmm_arena_capture_end(m->a, m->capture), VMM_OK);
+    if (next(m) % 2) assert_int_equal(vmm_arena_release_pool(m->a, m->capture), VMM_OK);
+    m->capture = 0;
+  }
+  if (r == 3 && !m->capture) { /* pause and resume need no capture on their streams */
+    vmm_status st = m->paused ? vmm_arena_resume(m->a, "t1") : vmm_arena_pause(m->a, "t1", VMM_PAUSE_BACKUP);
+    assert_true(st == VMM_OK || st == VMM_ERR_INVALID_ARGUMENT); /* nothing of t1 left to pause or resume */
+    m->paused = st == VMM_OK && !m->paused;
+  }
+}
+
+static void random_operations(void **state) {
+  (void)state;
+  fake_driver_reset(NULL);
+  vmm_config c = tu_config();
+  c.caching = 1;
+  c.retain = VMM_RETAIN_AUTO;
+  model m = {.a = tu_arena(NULL, &c), .rng = 0x9e3779b97f4a7c15ull};
+  const char *env = getenv("VMMARENA_RANDOM_PROCESS_OPS");
+  size_t steps = env ? strtoul(env, NULL, 10) : STEPS;
+  for (m.step = 0; m.step < steps; m.step++) {
+    uint32_t r = next(&m) % 16;
+    if (r < 7) op_alloc(&m);
+    else if (r < 14) op_free(&m);
+    else op_control(&m);
+    check_model(&m);
+  }
+  if (m.capture) {
+    fake_set_capturing(TU_STREAM(1), 0);
+    assert_int_equal(vmm_arena_capture_end(m.a, m.capture), VMM_OK);
+  }
+  if (m.paused) {
+    vmm_status st = vmm_arena_resume(m.a, "t1");
+    assert_true(st == VMM_OK || st == VMM_ERR_INVALID_ARGUMENT); /* every paused one was freed */
+  }
+  m.paused = false;
+  while (m.n) op_free(&m);
+  assert_int_equal(vmm_arena_empty_cache(m.a), VMM_OK);
+  vmm_usage u;
+  assert_int_equal(vmm_arena_usage(m.a, &u), VMM_OK);
+  assert_int_equal(u.reserved_bytes, 0);
+  assert_int_equal(u.allocated_bytes, 0);
+  tu_destroy(m.a);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {cmocka_unit_test(random_operations)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
