@@ -35,11 +35,11 @@ static bool has_handle_at_most(const vmm_mapping *m, size_t most) {
 }
 
 /* A pooled mapping may be taken apart if it is of the shared pool (a graph's memory stays its
- * own) and its streams can be waited for; in whole-process mode only once no wait is needed
- * (a quiesce came after its free): the allocation path never waits on the host. */
+ * own) and its streams can be waited for; in whole-process mode only once its work is known
+ * complete (a fence or a quiesce): the allocation path never waits on the host. */
 static bool can_take_apart(vmm_arena *a, vmm_mapping *m, size_t left, bool padded) {
   if (m->chosen || m->pool != VMM_POOL_SHARED || !(padded || has_handle_at_most(m, left))) return false;
-  return a->cfg.caching ? m->free_epoch < a->epoch : vmm_can_wait_for_free(a, m);
+  return a->cfg.caching ? vmm_free_complete(a, m) : vmm_can_wait_for_free(a, m);
 }
 
 /* The pooled mapping to take apart for `left` bytes: the smallest that covers them, else the
@@ -176,11 +176,12 @@ static vmm_status create_handles(vmm_arena *a, const vmm_request *req, vmm_handl
   return VMM_OK;
 }
 
-/* Unmaps the mappings taken apart, after waiting for their freeing streams. */
+/* Unmaps the mappings taken apart, after waiting for their freeing streams (in whole-process
+ * mode they are known complete already: no wait). */
 static vmm_status unmap_apart(vmm_arena *a, plan *p) {
   CUstream waited[8];
   size_t n_waited = 0;
-  for (size_t i = 0; i < p->n_apart; i++) {
+  for (size_t i = 0; i < p->n_apart && !a->cfg.caching; i++) { /* whole-process mode: known complete */
     vmm_status st = vmm_wait_for_free(a, p->apart[i], "assembly", waited, &n_waited, 8);
     if (st == VMM_ERR_SCOPE_STATE) st = VMM_ERR_OUT_OF_MEMORY; /* began capturing since the plan */
     if (st != VMM_OK) return st;

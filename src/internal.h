@@ -126,6 +126,7 @@ typedef struct vmm_mapping {
   uint64_t scope_id;      /* scope it was allocated in (0 = outside any) */
   CUstream stream;        /* stream of the latest alloc or free */
   uint64_t free_epoch;    /* arena quiesce epoch at the latest free */
+  uint64_t free_seq;      /* the arena's count of pooled frees at its latest free (fences) */
   vmm_pool_id pool;       /* the pool it belongs to (VMM_POOL_SHARED: none) */
   struct vmm_page *page;  /* the page carved from it (pages.c), or NULL */
   CUstream *uses;         /* streams added by vmm_arena_record_stream (heap array), ordered before reuse */
@@ -331,6 +332,18 @@ typedef struct vmm_pages {
   uint64_t pages, slots_used, slot_bytes;
 } vmm_pages;
 
+/* ---- Fences (stream_order.c) -------------------------------------------------------- */
+
+/* One event per stream that freed pooled memory: recorded when a free of it is asked about,
+ * queried when one is asked about again. A pooled free numbered at most `recorded` is
+ * complete once the event is; `completed` remembers the highest such number. */
+typedef struct vmm_fence {
+  CUstream stream;
+  CUevent event;      /* NULL until the first record */
+  uint64_t recorded;  /* free_seq when the pending event was recorded; 0 if none is pending */
+  uint64_t completed; /* every pooled free of the stream numbered at most this is complete */
+} vmm_fence;
+
 /* ---- Arena --------------------------------------------------------------------------- */
 
 struct vmm_arena {
@@ -354,7 +367,10 @@ struct vmm_arena {
   vmm_mapping *deferred_head;  /* frees waiting for a capture to end (stream_order.c) */
   vmm_pages pages;             /* requests below the granularity (pages.c) */
   vmm_id_set released_pools;   /* pools released: no allocation goes into them */
-  CUevent *spare_events;       /* events kept for slot waits (stream_order.c) */
+  CUevent *spare_events;       /* events kept for slot waits and fences (stream_order.c) */
+  vmm_fence *fences;           /* one per stream that freed pooled memory (stream_order.c) */
+  size_t fence_count, fence_cap;
+  uint64_t free_seq;           /* pooled frees so far: the order fences are measured in */
   size_t spare_event_count, spare_event_cap;
   bool destroying;             /* vmm_arena_destroy is running: failures are logged, not kept */
 
@@ -574,6 +590,11 @@ VMM_INTERNAL void vmm_event_put(vmm_arena *a, CUevent e);
 VMM_INTERNAL bool vmm_event_record(vmm_arena *a, CUevent e, CUstream stream);
 /* Makes `stream` wait for e: true on success. */
 VMM_INTERNAL bool vmm_stream_wait_event(vmm_arena *a, CUstream stream, CUevent e);
+/* Whether pooled mapping m's work is known complete with no host wait: a quiesce came after
+ * its free, or on its freeing stream and every stream added to it an event recorded after the
+ * free has completed (cuEventQuery). Records a new event where none is pending, so that a
+ * later call can know. */
+VMM_INTERNAL bool vmm_free_complete(vmm_arena *a, const vmm_mapping *m);
 /* Moves the deferred frees of an aborted scope to its abandoned memory (no driver call). */
 VMM_INTERNAL void vmm_deferred_abandon_scope(vmm_arena *a, uint64_t scope_id);
 

@@ -113,6 +113,7 @@ int vmm_mapping_pool(vmm_arena *a, vmm_mapping *m, CUstream stream) {
   uint64_t old_epoch = m->free_epoch;
   m->stream = stream;
   m->free_epoch = a->epoch; /* reuse elsewhere and unmapping wait for this stream until a quiesce */
+  m->free_seq = ++a->free_seq;  /* or until a fence recorded after it completes */
   if (vmm_pool_push(&a->store.pool, m)) {
     m->stream = old_stream, m->free_epoch = old_epoch;
     return -1;

@@ -116,9 +116,46 @@ void vmm_stream_order_fini(vmm_arena *a) {
   (void)VMM_DRV(a, ctx_synchronize);
   if (a->order_event) (void)VMM_DRV(a, event_destroy, a->order_event);
   a->order_event = NULL;
+  for (size_t i = 0; i < a->fence_count; i++)
+    if (a->fences[i].event) (void)VMM_DRV(a, event_destroy, a->fences[i].event);
+  free(a->fences);
+  a->fences = NULL;
+  a->fence_count = 0;
   while (a->spare_event_count) (void)VMM_DRV(a, event_destroy, a->spare_events[--a->spare_event_count]);
   free(a->spare_events);
   a->spare_events = NULL;
+}
+
+/* ---- Fences: frees known complete without a host wait ----------------------------------- */
+
+static vmm_fence *fence_of(vmm_arena *a, CUstream s) {
+  for (size_t i = 0; i < a->fence_count; i++)
+    if (a->fences[i].stream == s) return &a->fences[i];
+  vmm_fence *room = vmm_array_room(a->fences, a->fence_count, &a->fence_cap, sizeof *room);
+  if (!room) return NULL;
+  a->fences = room;
+  a->fences[a->fence_count] = (vmm_fence){s, NULL, 0, 0};
+  return &a->fences[a->fence_count++];
+}
+
+/* Whether the frees on `s` numbered at most `seq` are known complete. */
+static bool stream_done(vmm_arena *a, CUstream s, uint64_t seq) {
+  vmm_fence *f = fence_of(a, s);
+  if (!f) return false;
+  if (f->recorded && VMM_DRV(a, event_query, f->event) == CUDA_SUCCESS) f->completed = f->recorded, f->recorded = 0;
+  if (f->completed >= seq) return true;
+  if (!f->recorded && !vmm_stream_capturing(a, s) && (f->event || (f->event = vmm_event_get(a))) &&
+      vmm_event_record(a, f->event, s))
+    f->recorded = a->free_seq;
+  return false;
+}
+
+bool vmm_free_complete(vmm_arena *a, const vmm_mapping *m) {
+  if (m->free_epoch < a->epoch) return true;
+  if (a->drv->version < 3 || !a->drv->event_query) return false;
+  bool done = stream_done(a, m->stream, m->free_seq);
+  for (uint32_t i = 0; i < m->use_count; i++) done = stream_done(a, m->uses[i], m->free_seq) && done;
+  return done;
 }
 
 /* ---- Events of slot waits ------------------------------------------------------------- */

@@ -303,6 +303,7 @@ static struct {
   fake_call *log;
   size_t log_len, log_cap;
   unsigned generation; /* raised by every reset: thread context stacks older than it are empty */
+  int events_pending;  /* cuEventQuery answers CUDA_ERROR_NOT_READY: the device is behind */
 } fk;
 
 /* Never reset, so that an id from an earlier test is never valid again. */
@@ -899,6 +900,11 @@ static CUresult drv_event_record(CUevent event, CUstream stream) {
   FAKE_CALL(event_record, event, stream, check_event_and_stream(stream, event));
 }
 static CUresult drv_event_destroy(CUevent event) { FAKE_CALL(event_destroy, event, 0, do_event_destroy(event)); }
+static CUresult do_event_query(CUevent event) {
+  CUresult r = check_event(event);
+  return r != CUDA_SUCCESS ? r : fk.events_pending ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
+static CUresult drv_event_query(CUevent event) { FAKE_CALL(event_query, event, 0, do_event_query(event)); }
 static CUresult drv_host_memory_available(size_t *bytes) {
   FAKE_CALL(host_memory_available, 0, 0, do_host_memory_available(bytes));
 }
@@ -1013,6 +1019,12 @@ void fake_set_host_mem_available(size_t bytes) {
 void fake_set_integrated(int integrated) {
   pthread_mutex_lock(&fk_lock);
   fk.opts.integrated = integrated != 0;
+  pthread_mutex_unlock(&fk_lock);
+}
+
+void fake_set_events_pending(int pending) {
+  pthread_mutex_lock(&fk_lock);
+  fk.events_pending = pending;
   pthread_mutex_unlock(&fk_lock);
 }
 

@@ -47,6 +47,9 @@ unsigned fake_faults_fired(void);
 void fake_set_capacity(int device, size_t bytes);
 void fake_set_host_mem_available(size_t bytes);
 void fake_set_integrated(int integrated);
+/* While set, cuEventQuery answers CUDA_ERROR_NOT_READY for every event (the device is
+ * behind the host); otherwise every recorded event is complete. */
+void fake_set_events_pending(int pending);
 /* Streams are any non-NULL pointer value the test invents; capture state is per stream. */
 void fake_set_capturing(CUstream stream, int capturing);
 

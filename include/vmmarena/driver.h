@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define VMM_DRIVER_VERSION 2 /* 2: mem_cpy_dtoh, mem_cpy_htod appended */
+#define VMM_DRIVER_VERSION 3 /* 2: mem_cpy_dtoh, mem_cpy_htod appended; 3: event_query */
 
 /* CUresult cuInit(unsigned int flags); */
 typedef CUresult (*vmm_drv_init_fn)(unsigned int flags);
@@ -98,6 +98,11 @@ typedef CUresult (*vmm_drv_mem_cpy_dtoh_fn)(void *dst, CUdeviceptr src, size_t b
  * host memory (resume of a backup). Since version 2. */
 typedef CUresult (*vmm_drv_mem_cpy_htod_fn)(CUdeviceptr dst, const void *src, size_t bytes);
 
+/* CUresult cuEventQuery(CUevent event): CUDA_SUCCESS once the work before the event's record
+ * is complete, CUDA_ERROR_NOT_READY before (whole-process mode: a free known complete). Since
+ * version 3. */
+typedef CUresult (*vmm_drv_event_query_fn)(CUevent event);
+
 /* X-macro of every entry point: X(field, cuda_symbol). Order = field order in the table. */
 #define VMM_DRIVER_ENTRY_POINTS(X)                                     \
   X(init, "cuInit")                                                    \
@@ -129,7 +134,8 @@ typedef CUresult (*vmm_drv_mem_cpy_htod_fn)(CUdeviceptr dst, const void *src, si
   X(event_destroy, "cuEventDestroy")                                   \
   X(host_memory_available, "host_memory_available")                    \
   X(mem_cpy_dtoh, "cuMemcpyDtoH")                                      \
-  X(mem_cpy_htod, "cuMemcpyHtoD")
+  X(mem_cpy_htod, "cuMemcpyHtoD")                                      \
+  X(event_query, "cuEventQuery")
 
 /* Index of each entry point, for per-entry-point counters and fault injection. */
 typedef enum vmm_driver_entry {
@@ -172,6 +178,7 @@ struct vmm_driver {
   vmm_drv_host_memory_available_fn host_memory_available;        /* /proc/meminfo MemAvailable */
   vmm_drv_mem_cpy_dtoh_fn mem_cpy_dtoh;                          /* cuMemcpyDtoH (version 2) */
   vmm_drv_mem_cpy_htod_fn mem_cpy_htod;                          /* cuMemcpyHtoD (version 2) */
+  vmm_drv_event_query_fn event_query;                            /* cuEventQuery (version 3) */
 };
 
 /* Name of an entry point as the driver spells it ("cuMemCreate"). */
