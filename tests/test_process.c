@@ -155,9 +155,9 @@ static void exact_hit_outside_a_scope(void **state) {
   free_ok(a, p, S1);
   assert_ptr_equal(alloc_in(a, 6 * MiB, T, S1, 0), p);
   assert_int_equal(fake_call_count(), from); /* free and hit: no driver call */
-  void *q = alloc_in(a, 6 * MiB, P, S1, 0);  /* another kind: not the pooled transient */
-  assert_ptr_not_equal(q, p);
   free_ok(a, p, S1);
+  void *q = alloc_in(a, 6 * MiB, P, S1, 0); /* another kind: not the pooled transient */
+  assert_ptr_not_equal(q, p);
   free_ok(a, q, S1);
   assert_ptr_equal(alloc_in(a, 6 * MiB, P, S1, 0), q); /* package memory is cached too */
   free_ok(a, q, S1);
@@ -295,6 +295,26 @@ static void a_pool_keeps_its_memory(void **state) {
   assert_int_equal(vmm_arena_release_pool(a, VMM_POOL_SHARED), VMM_ERR_INVALID_ARGUMENT);
   free_ok(a, x, S1);
   free_ok(a, y, S1);
+  tu_destroy(a);
+}
+
+/* Pooled memory of a graph's pool is not taken apart for other requests, even complete. */
+static void a_graph_pool_is_never_taken_apart(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  void *x = alloc_in(a, 4 * MiB, T, S1, 7), *y = alloc_in(a, 4 * MiB, T, S1, 7);
+  free_ok(a, x, S1);
+  free_ok(a, y, S1);
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK); /* complete: only the pool keeps them apart */
+  size_t from = fake_call_count();
+  void *z = alloc_in(a, 8 * MiB, T, S1, 0);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 0);
+  assert_true(fake_calls_since(from, VMM_DRV_mem_create) > 0);
+  assert_int_equal(usage(a).reserved_bytes, 16 * MiB);
+  void *x2 = alloc_in(a, 4 * MiB, T, S1, 7);
+  assert_true(x2 == x || x2 == y); /* still the pool's */
+  free_ok(a, x2, S1);
+  free_ok(a, z, S1);
   tu_destroy(a);
 }
 
@@ -549,6 +569,7 @@ int main(void) {
       cmocka_unit_test(record_stream_orders_reuse_of_a_mapping),
       cmocka_unit_test(record_stream_orders_reuse_of_a_slot),
       cmocka_unit_test(a_pool_keeps_its_memory),
+      cmocka_unit_test(a_graph_pool_is_never_taken_apart),
       cmocka_unit_test(frees_during_a_capture),
       cmocka_unit_test(empty_cache_releases_outside_a_scope_only),
       cmocka_unit_test(refused_memory_releases_the_cache),
