@@ -16,6 +16,10 @@ Catalogs (`CATALOGS`, chosen by name):
                batch 1..24 x seq 96..2048, 30 steps, smallest to largest
   shuffled110  hidden 1536, 12 layers, 12 heads, MLP 4096, vocab 50304;
                batch 1..48 x seq 32..1024, 110 steps in a seeded order
+  smallpool    hidden 512, 4 layers, 8 heads, MLP 1408, vocab 8192; batch 1..8 x seq 8..128,
+               20 steps, largest first: small tensors (most below 2 MiB), three side-stream
+               forwards per step, and every step's graph captured into one shared pool
+               (pool=) and kept until the catalog ends, as serving engines keep their graphs
 
 An observer (any callable) sees every phase of every step: `observer(step, phase, **info)`
 with phase in PHASES; "side" passes the side stream, "captured" the graph. The benchmark uses
@@ -43,6 +47,8 @@ class Catalog:
     order: str  # "shuffled" (seeded) or "ascending" (by tokens, then sequence length)
     operand_every: int = 10  # every n-th step keeps its graph input as package memory
     final_shape: tuple = (2, 128)  # the forward whose logits the benchmark compares
+    side_streams: int = 1  # side-stream forwards per step, each on a new stream
+    share_pool: bool = False  # the graphs share one pool and live until the catalog ends
 
     def shapes(self, seed):
         """The warmup steps: every (batch, seq) of the grid once, in the catalog's order."""
@@ -51,6 +57,8 @@ class Catalog:
             random.Random(seed).shuffle(grid)
         elif self.order == "ascending":
             grid.sort(key=lambda shape: (shape[0] * shape[1], shape[1]))
+        elif self.order == "descending":
+            grid.sort(key=lambda shape: (shape[0] * shape[1], shape[1]), reverse=True)
         else:
             raise ValueError(f"catalog {self.name}: unknown order {self.order!r}")
         return grid
@@ -59,10 +67,15 @@ class Catalog:
         m = self.model
         kv = m["num_key_value_heads"]
         heads = f"{m['num_attention_heads']} heads" + (f" ({kv} key/value)" if kv != m["num_attention_heads"] else "")
+        extra = ""
+        if self.side_streams != 1:
+            extra += f", {self.side_streams} side-stream forwards per step"
+        if self.share_pool:
+            extra += ", graphs in one shared pool, kept"
         return (
             f"hidden {m['hidden_size']}, {m['num_hidden_layers']} layers, {heads}, MLP {m['intermediate_size']}, "
             f"vocab {m['vocab_size']}; batch {self.batches[0]}..{self.batches[-1]} x seq {self.seqs[0]}..{self.seqs[-1]}, "
-            f"{len(self.batches) * len(self.seqs)} steps, {self.order}"
+            f"{len(self.batches) * len(self.seqs)} steps, {self.order}{extra}"
         )
 
 
@@ -114,6 +127,25 @@ CATALOGS = {
             seqs=(32, 64, 96, 128, 192, 256, 384, 512, 768, 1024),
             order="shuffled",
         ),
+        Catalog(
+            name="smallpool",
+            model=dict(
+                hidden_size=512,
+                intermediate_size=1408,
+                num_hidden_layers=4,
+                num_attention_heads=8,
+                num_key_value_heads=8,
+                vocab_size=8192,
+                max_position_embeddings=1024,
+            ),
+            batches=(1, 2, 4, 8),
+            seqs=(8, 16, 32, 64, 128),
+            order="descending",
+            operand_every=5,
+            final_shape=(2, 64),
+            side_streams=3,
+            share_pool=True,
+        ),
     )
 }
 
@@ -154,25 +186,39 @@ def _random_ids(torch, shape, seed, vocab):
     return torch.randint(0, vocab, shape, device="cuda", generator=generator)
 
 
-def _capture_and_replay(torch, model, storage, ids, step, observer):
-    """Warms the capture path on a new side stream (as CUDA graph capture requires), captures
+def _graph_context(torch, storage, graph, kept):
+    """The capture of `graph`: into a pool of its own, or (kept is a list: the catalog shares
+    one pool) into the pool of the first kept graph."""
+    if kept is None or not kept:
+        return storage.graph(graph) if storage is not None else torch.cuda.graph(graph)
+    if storage is not None:
+        return storage.graph(graph, share_with=kept[0])
+    return torch.cuda.graph(graph, pool=kept[0].pool())
+
+
+def _capture_and_replay(torch, model, storage, ids, step, observer, side_streams=1, kept=None):
+    """Warms the capture path on new side streams (as CUDA graph capture requires), captures
     one forward into a graph whose memory is the open step's, replays it, then drops the
-    graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        model(input_ids=ids, **FORWARD)
-    torch.cuda.current_stream().wait_stream(side)
+    graph, or appends it to `kept` (the catalog's graphs sharing one pool)."""
+    for _ in range(side_streams):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            model(input_ids=ids, **FORWARD)
+        torch.cuda.current_stream().wait_stream(side)
     observer(step, "side", stream=side)
     graph = torch.cuda.CUDAGraph()
-    with storage.graph(graph) if storage is not None else torch.cuda.graph(graph):
+    with _graph_context(torch, storage, graph, kept):
         out = model(input_ids=ids, **FORWARD).logits
     observer(step, "captured", graph=graph)
     graph.replay()
     torch.cuda.synchronize()
     observer(step, "replayed", graph=graph)
     del out
-    graph.reset()
+    if kept is None:
+        graph.reset()
+    else:
+        kept.append(graph)
 
 
 def warmup(torch, model, storage, seed, catalog, observer=_ignore):
@@ -181,6 +227,7 @@ def warmup(torch, model, storage, seed, catalog, observer=_ignore):
     operands = []
     vocab = catalog.model["vocab_size"]
     every = catalog.operand_every
+    kept = [] if catalog.share_pool else None
     with _context(storage, "retain_transient_backing"), torch.no_grad():
         for step, shape in enumerate(catalog.shapes(seed)):
             observer(step, "start", shape=shape)
@@ -193,9 +240,12 @@ def warmup(torch, model, storage, seed, catalog, observer=_ignore):
                     with _context(storage, "package"), _context(storage, "tag", "graph"):
                         ids = ids.clone()
                     operands.append(ids)
-                _capture_and_replay(torch, model, storage, ids, step, observer)
+                _capture_and_replay(torch, model, storage, ids, step, observer, catalog.side_streams, kept)
                 observer(step, "left")
             observer(step, "end")
+        if kept:
+            torch.cuda.synchronize()
+            del kept[:]  # the shared pool goes with its last graph
     torch.cuda.synchronize()
     return operands
 

@@ -16,6 +16,8 @@ static pthread_mutex_t shim_lock = PTHREAD_MUTEX_INITIALIZER; /* creation, error
 static vmm_arena *arenas[VMM_MAX_DEVICES];                    /* published with release stores */
 static const struct vmm_driver *driver_for_testing;           /* NULL = the CUDA driver */
 static char errors[VMM_MAX_DEVICES][ERROR_CAP];               /* latest failure per device */
+static int caching;                                           /* vmm_torch_set_caching; under shim_lock */
+static __thread int thread_kind = VMM_KIND_TRANSIENT;         /* kind of whole-process allocations */
 
 static int device_valid(int device) { return device >= 0 && device < VMM_MAX_DEVICES; }
 
@@ -57,6 +59,7 @@ static vmm_arena *arena_for(int device, vmm_status *status) {
     } else {
       cfg.device = device;
       cfg.driver = driver_for_testing;
+      if (caching) cfg.caching = 1;
       st = vmm_arena_create(&cfg, &a);
       if (st == VMM_OK) __atomic_store_n(&arenas[device], a, __ATOMIC_RELEASE);
       else set_error_locked(device, "device %d: creating the arena: %s", device, vmm_create_error());
@@ -204,6 +207,158 @@ int vmm_torch_check(int device, char *buf, size_t cap) {
 
 void vmm_torch_tag_push(const char *tag) { vmm_tag_push(tag); }
 void vmm_torch_tag_pop(void) { vmm_tag_pop(); }
+
+/* ---- Whole-process mode ------------------------------------------------------------- */
+
+/* Writes a message into a caller's buffer (msg may be NULL). */
+static void put_message(char *msg, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void put_message(char *msg, size_t cap, const char *fmt, ...) {
+  if (!msg || !cap) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, cap, fmt, ap);
+  va_end(ap);
+}
+
+/* The first device with an arena, or -1 (caller holds shim_lock). */
+static int first_arena_locked(void) {
+  for (int d = 0; d < VMM_MAX_DEVICES; d++)
+    if (arenas[d]) return d;
+  return -1;
+}
+
+int vmm_torch_set_caching(int on, char *msg, size_t cap) {
+  on = on != 0;
+  pthread_mutex_lock(&shim_lock);
+  int device = first_arena_locked();
+  int refused = on != caching && device >= 0;
+  if (!refused) caching = on;
+  pthread_mutex_unlock(&shim_lock);
+  if (refused) {
+    put_message(msg, cap, "caching %s refused: device %d's arena exists already, and arenas keep the setting they were "
+                "created with (switch caching on before the first allocation or control call)", on ? "on" : "off", device);
+    return VMM_ERR_INVALID_ARGUMENT;
+  }
+  put_message(msg, cap, "%s", "");
+  return VMM_OK;
+}
+
+int vmm_torch_caching(void) {
+  pthread_mutex_lock(&shim_lock);
+  int on = caching;
+  pthread_mutex_unlock(&shim_lock);
+  return on;
+}
+
+int vmm_torch_set_kind(int kind) {
+  if (kind != VMM_KIND_PACKAGE && kind != VMM_KIND_TRANSIENT) return -1;
+  int previous = thread_kind;
+  thread_kind = kind;
+  return previous;
+}
+
+int vmm_torch_kind(void) { return thread_kind; }
+
+int vmm_torch_process_allocate(size_t size, int device, CUstream stream, uint64_t pool, void **out, char *msg,
+                               size_t cap) {
+  *out = NULL;
+  if (!device_valid(device)) {
+    put_message(msg, cap, "allocate %zu B on device %d: %s", size, device, device_range_error());
+    return VMM_ERR_INVALID_ARGUMENT;
+  }
+  if (size == 0) return VMM_OK;
+  vmm_status st = VMM_OK;
+  vmm_arena *a = arena_for(device, &st);
+  if (!a) {
+    pthread_mutex_lock(&shim_lock);
+    put_message(msg, cap, "%s", errors[device]);
+    pthread_mutex_unlock(&shim_lock);
+    return (int)st;
+  }
+  st = vmm_arena_alloc_in(a, size, (vmm_kind)thread_kind, stream, (vmm_pool_id)pool, out);
+  if (st == VMM_OK) return VMM_OK;
+  const char *why = vmm_arena_last_error(a); /* this thread's copy */
+  put_message(msg, cap, "%s", why);
+  pthread_mutex_lock(&shim_lock);
+  set_error_locked(device, "%s", why);
+  pthread_mutex_unlock(&shim_lock);
+  return (int)st;
+}
+
+int vmm_torch_record_stream(void *ptr, CUstream stream, char *msg, size_t cap) {
+  if (!ptr) return VMM_OK;
+  for (int d = 0; d < VMM_MAX_DEVICES; d++) {
+    vmm_arena *a = __atomic_load_n(&arenas[d], __ATOMIC_ACQUIRE);
+    if (!a) continue;
+    vmm_status st = vmm_arena_record_stream(a, ptr, stream);
+    if (st == VMM_OK) return VMM_OK;
+    if (st != VMM_ERR_UNKNOWN_POINTER) {
+      put_message(msg, cap, "record_stream(%p) on device %d: %s", ptr, d, vmm_arena_last_error(a));
+      return keep_arena_error(d, a, st);
+    }
+  }
+  put_message(msg, cap, "record_stream(%p, stream %p): not a live allocation of any vmmarena arena", ptr, (void *)stream);
+  return VMM_ERR_UNKNOWN_POINTER;
+}
+
+int vmm_torch_capture_begin(int device, uint64_t pool) {
+  if (!device_valid(device)) return VMM_ERR_INVALID_ARGUMENT;
+  vmm_status st = VMM_OK;
+  vmm_arena *a = arena_for(device, &st);
+  if (!a) return (int)st;
+  st = vmm_arena_capture_begin(a, (vmm_pool_id)pool);
+  return st == VMM_OK ? VMM_OK : keep_arena_error(device, a, st);
+}
+
+int vmm_torch_capture_end(int device, uint64_t pool) {
+  if (!device_valid(device)) return VMM_ERR_INVALID_ARGUMENT;
+  vmm_arena *a = __atomic_load_n(&arenas[device], __ATOMIC_ACQUIRE);
+  if (!a) return VMM_OK;
+  vmm_status st = vmm_arena_capture_end(a, (vmm_pool_id)pool);
+  return st == VMM_OK ? VMM_OK : keep_arena_error(device, a, st);
+}
+
+int vmm_torch_release_pool(int device, uint64_t pool) {
+  if (!device_valid(device)) return VMM_ERR_INVALID_ARGUMENT;
+  vmm_arena *a = __atomic_load_n(&arenas[device], __ATOMIC_ACQUIRE);
+  if (!a) return VMM_OK;
+  vmm_status st = vmm_arena_release_pool(a, (vmm_pool_id)pool);
+  return st == VMM_OK ? VMM_OK : keep_arena_error(device, a, st);
+}
+
+int vmm_torch_empty_cache(char *msg, size_t cap) {
+  int first = VMM_OK;
+  put_message(msg, cap, "%s", "");
+  for (int d = 0; d < VMM_MAX_DEVICES; d++) {
+    vmm_arena *a = __atomic_load_n(&arenas[d], __ATOMIC_ACQUIRE);
+    if (!a) continue;
+    vmm_status st = vmm_arena_empty_cache(a);
+    if (st == VMM_OK || first != VMM_OK) continue;
+    put_message(msg, cap, "empty_cache on device %d: %s", d, vmm_arena_last_error(a));
+    first = keep_arena_error(d, a, st);
+  }
+  return first;
+}
+
+int vmm_torch_usage(int device, vmm_usage *out) {
+  if (!device_valid(device) || !out) return VMM_ERR_INVALID_ARGUMENT;
+  vmm_arena *a = __atomic_load_n(&arenas[device], __ATOMIC_ACQUIRE);
+  if (!a) {
+    memset(out, 0, sizeof *out);
+    return VMM_OK;
+  }
+  return (int)vmm_arena_usage(a, out);
+}
+
+size_t vmm_torch_usage_size(void) { return sizeof(vmm_usage); }
+
+int vmm_torch_reset_peaks(int device) {
+  if (!device_valid(device)) return VMM_ERR_INVALID_ARGUMENT;
+  vmm_arena *a = __atomic_load_n(&arenas[device], __ATOMIC_ACQUIRE);
+  if (!a) return VMM_OK;
+  vmm_status st = vmm_arena_reset_peaks(a);
+  return st == VMM_OK ? VMM_OK : keep_arena_error(device, a, st);
+}
 
 /* ---- Trace files --------------------------------------------------------------------- */
 

@@ -13,6 +13,7 @@
 
 #include <cuda.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #ifdef __cplusplus
@@ -28,6 +29,7 @@ extern "C" {
 struct vmm_driver;
 struct vmm_trace_reader;
 struct vmm_trace_record;
+struct vmm_usage;
 
 /* ---- PyTorch's allocator signatures -------------------------------------------------- */
 
@@ -77,6 +79,49 @@ VMM_TORCH_API int vmm_torch_check(int device, char *buf, size_t cap);
 VMM_TORCH_API void vmm_torch_tag_push(const char *tag);
 VMM_TORCH_API void vmm_torch_tag_pop(void);
 
+/* ---- Whole-process mode (vmmarena.install(); docs/torch.md) ------------------------ */
+
+/* Makes the arenas created from now on caching arenas (vmm_config.caching = 1, whatever
+ * VMMARENA_CACHE says) when `on` is non-zero, and leaves the environment's choice otherwise.
+ * Once an arena exists a change is refused (VMM_ERR_INVALID_ARGUMENT, with why in msg,
+ * NUL-terminated and truncated to cap; msg may be NULL); asking for the setting in force is
+ * VMM_OK. */
+VMM_TORCH_API int vmm_torch_set_caching(int on, char *msg, size_t cap);
+/* The setting of vmm_torch_set_caching (0 or 1). */
+VMM_TORCH_API int vmm_torch_caching(void);
+/* Sets the kind (0 = PACKAGE, 1 = TRANSIENT) of this thread's whole-process allocations and
+ * returns the previous one; -1 and no change for another value. A thread starts TRANSIENT. */
+VMM_TORCH_API int vmm_torch_set_kind(int kind);
+/* This thread's kind for whole-process allocations. */
+VMM_TORCH_API int vmm_torch_kind(void);
+/* Allocates `size` bytes of this thread's kind, with this thread's tag, into `pool` (0: the
+ * shared cache; else a graph's pool, vmm_arena_alloc_in) of `device`'s arena, for `stream`.
+ * Size 0 stores NULL and returns VMM_OK. On failure *out (out not NULL) is NULL, the status is
+ * returned and the message (with its numbers) goes to msg (may be NULL) and to
+ * vmm_torch_last_error. */
+VMM_TORCH_API int vmm_torch_process_allocate(size_t size, int device, CUstream stream, uint64_t pool, void **out,
+                                             char *msg, size_t cap);
+/* vmm_arena_record_stream on the arena that holds `ptr` (the arenas that exist are asked in
+ * device order). NULL is a no-op. VMM_ERR_UNKNOWN_POINTER when no arena holds it; the message
+ * goes to msg. */
+VMM_TORCH_API int vmm_torch_record_stream(void *ptr, CUstream stream, char *msg, size_t cap);
+/* vmm_arena_capture_begin / vmm_arena_capture_end of `device`'s arena: a capture into `pool`
+ * begins (the arena is created if it does not exist yet) or ends (VMM_OK with nothing to do
+ * when the device has no arena). */
+VMM_TORCH_API int vmm_torch_capture_begin(int device, uint64_t pool);
+VMM_TORCH_API int vmm_torch_capture_end(int device, uint64_t pool);
+/* vmm_arena_release_pool of `device`'s arena; VMM_OK with nothing to do when it has no arena. */
+VMM_TORCH_API int vmm_torch_release_pool(int device, uint64_t pool);
+/* vmm_arena_empty_cache on every arena that exists. Every arena is tried; the first failure's
+ * status is returned and its message goes to msg. */
+VMM_TORCH_API int vmm_torch_empty_cache(char *msg, size_t cap);
+/* vmm_arena_usage of `device`'s arena into *out; all zeros when it has no arena. */
+VMM_TORCH_API int vmm_torch_usage(int device, struct vmm_usage *out);
+/* sizeof(vmm_usage), which the Python package's ctypes copy of it must match. */
+VMM_TORCH_API size_t vmm_torch_usage_size(void);
+/* vmm_arena_reset_peaks of `device`'s arena; VMM_OK when it has none. */
+VMM_TORCH_API int vmm_torch_reset_peaks(int device);
+
 /* ---- Trace files (`vmmarena memviz`) ------------------------------------------------- */
 
 /* The core's trace reader (include/vmmarena/trace.h), so that the Python package reads traces
@@ -91,7 +136,8 @@ VMM_TORCH_API void vmm_torch_trace_close(struct vmm_trace_reader *r);
 VMM_TORCH_API size_t vmm_torch_trace_record_size(void);
 
 /* Tests only: destroys every arena (pointers handed out become invalid), then creates later
- * arenas on `drv` (NULL = the CUDA driver). Lets CI run the shim on the fake driver. */
+ * arenas on `drv` (NULL = the CUDA driver). Lets CI run the shim on the fake driver. The
+ * caching setting and the threads' kinds stay as they are. */
 VMM_TORCH_API int vmm_torch_set_driver_for_testing(const struct vmm_driver *drv);
 
 #ifdef __cplusplus

@@ -9,6 +9,10 @@
             with storage.transient():         # one step: temporaries
                 model(torch.randn(shape, device="cuda"))
 
+For the lowest peak, vmmarena can serve every tensor of the process instead (whole-process
+mode; docs/torch.md): call `vmmarena.install()` right after `import torch`, before CUDA is
+initialized; the same Storage contexts then set the kind and tag of this thread's tensors.
+
 Pure Python over ctypes; libvmmarena_torch.so is found through $VMMARENA_LIBRARY, inside
 this package (where `pip install` puts it), or on the loader's path. Importing vmmarena does
 not import torch. See docs/torch.md; the command line (`python3 -m vmmarena stat|memviz`) is
@@ -23,6 +27,7 @@ from ._lib import (
 )
 from ._lib import last_error as _last_error
 from ._lib import snapshot_json as _snapshot_json
+from ._process import install, installed
 from ._storage import KINDS, Storage, allocator, use_as_default
 
 __all__ = [
@@ -33,6 +38,8 @@ __all__ = [
     "allocator",
     "config_check",
     "format_snapshot",
+    "install",
+    "installed",
     "last_error",
     "library_path",
     "snapshot",

@@ -63,6 +63,52 @@ def _prototype(lib, name, restype, *argtypes):
     fn.argtypes = list(argtypes)
 
 
+# The C++ part of the shim (whole-process mode), absent from a shim built without a C++
+# compiler: (name, restype, argtypes).
+_PROCESS_HOOKS = ("vmm_torch_process_malloc", "vmm_torch_process_record_stream", "vmm_torch_process_empty_cache",
+                  "vmm_torch_process_memory_fraction", "vmm_torch_process_begin_pool", "vmm_torch_process_end_pool",
+                  "vmm_torch_process_release_pool")
+
+
+def _process_prototypes(handle):
+    """Prototypes of the whole-process entry points: the C ones always, the C++ test helpers
+    when the C++ part was built."""
+    c_int, c_size, c_void, c_buf = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_char_p
+    c_u64, c_ull = ctypes.c_uint64, ctypes.c_ulonglong
+    _prototype(handle, "vmm_torch_set_caching", c_int, c_int, c_buf, c_size)
+    _prototype(handle, "vmm_torch_caching", c_int)
+    _prototype(handle, "vmm_torch_set_kind", c_int, c_int)
+    _prototype(handle, "vmm_torch_kind", c_int)
+    _prototype(handle, "vmm_torch_process_allocate", c_int, c_size, c_int, c_void, c_u64, ctypes.POINTER(c_void),
+               c_buf, c_size)
+    _prototype(handle, "vmm_torch_record_stream", c_int, c_void, c_void, c_buf, c_size)
+    _prototype(handle, "vmm_torch_release_pool", c_int, c_int, c_u64)
+    _prototype(handle, "vmm_torch_empty_cache", c_int, c_buf, c_size)
+    _prototype(handle, "vmm_torch_usage", c_int, c_int, ctypes.POINTER(Usage))
+    _prototype(handle, "vmm_torch_usage_size", c_size)
+    _prototype(handle, "vmm_torch_reset_peaks", c_int, c_int)
+    if not has_process_hooks(handle):
+        return
+    _prototype(handle, "vmm_torch_process_test_malloc", c_int, c_size, c_int, c_void, ctypes.POINTER(c_void), c_buf,
+               c_size)
+    _prototype(handle, "vmm_torch_process_test_record_stream", c_int, c_void, c_void, c_buf, c_size)
+    _prototype(handle, "vmm_torch_process_test_empty_cache", c_int, c_buf, c_size)
+    _prototype(handle, "vmm_torch_process_test_memory_fraction", c_int, ctypes.c_double, c_int, c_buf, c_size)
+    _prototype(handle, "vmm_torch_process_test_begin_pool", c_int, c_int, c_ull, c_ull, TEST_FILTER, c_void, c_buf,
+               c_size)
+    _prototype(handle, "vmm_torch_process_test_end_pool", c_int, c_int, c_ull, c_ull, c_buf, c_size)
+    _prototype(handle, "vmm_torch_process_test_release_pool", c_int, c_int, c_ull, c_ull, c_buf, c_size)
+    _prototype(handle, "vmm_torch_process_pool_of", c_u64, c_int, c_ull, c_ull, ctypes.POINTER(ctypes.c_long))
+    _prototype(handle, "vmm_torch_process_captures", c_int, c_int, ctypes.POINTER(c_int))
+    _prototype(handle, "vmm_torch_process_test_reset", None)
+
+
+def has_process_hooks(handle=None):
+    """Whether the shim was built with its C++ part (the hooks of whole-process mode)."""
+    handle = handle if handle is not None else lib()
+    return all(hasattr(handle, name) for name in _PROCESS_HOOKS)
+
+
 def lib():
     """The loaded library (loaded once, on first use)."""
     global _lib, _path
@@ -98,6 +144,7 @@ def lib():
                        ctypes.POINTER(c_size))
             _prototype(handle, "vmm_torch_trace_close", None, c_void)
             _prototype(handle, "vmm_torch_trace_record_size", c_size)
+            _process_prototypes(handle)
             _lib, _path = handle, path
     return _lib
 
@@ -172,6 +219,55 @@ def snapshot_json(device):
         if status != _code("VMM_ERR_INVALID_ARGUMENT"):
             check(device, status)
     check(device, status)
+
+
+# ---- Whole-process mode --------------------------------------------------------------------
+
+
+class Usage(ctypes.Structure):
+    """vmm_usage (include/vmmarena.h): the arena's usage in the terms of PyTorch's statistics."""
+
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "allocated_bytes", "allocated_peak_bytes", "allocations", "allocations_peak", "reserved_bytes",
+        "reserved_peak_bytes", "cached_bytes", "alloc_count", "free_count", "refusals", "cache_releases", "pages",
+        "page_slots_used")]
+
+
+# int (*)(CUstream, void *): the C filter of the tests' begin_pool.
+TEST_FILTER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+
+
+def usage(device):
+    """vmm_usage of `device`'s arena as a dict (zeros when it has no arena yet)."""
+    handle = lib()
+    if handle.vmm_torch_usage_size() != ctypes.sizeof(Usage):
+        raise VmmarenaError(f"{_path}: vmm_usage has {handle.vmm_torch_usage_size()} bytes, this package's copy "
+                            f"{ctypes.sizeof(Usage)}: the library and package differ")
+    out = Usage()
+    check(device, handle.vmm_torch_usage(device, ctypes.byref(out)))
+    return {name: getattr(out, name) for name, _ in Usage._fields_}
+
+
+def reset_peaks(device):
+    check(device, lib().vmm_torch_reset_peaks(device))
+
+
+def set_caching(on):
+    """Makes the arenas created from now on caching ones; raises VmmarenaError once an arena
+    exists with the other setting."""
+    msg = ctypes.create_string_buffer(512)
+    status = lib().vmm_torch_set_caching(1 if on else 0, msg, len(msg))
+    if status != _code("VMM_OK"):
+        raise VmmarenaError(msg.value.decode(errors="replace"), status, status_name(status))
+
+
+def set_kind(kind):
+    """Sets this thread's kind for whole-process allocations (0 package, 1 transient); returns
+    the previous one."""
+    previous = lib().vmm_torch_set_kind(kind)
+    if previous < 0:
+        raise ValueError(f"kind {kind!r}: expected 0 (package) or 1 (transient)")
+    return previous
 
 
 # ---- Trace files ----------------------------------------------------------------------------

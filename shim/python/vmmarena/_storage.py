@@ -4,6 +4,10 @@ PyTorch routes a thread's allocations to the first pool registered for it, so ne
 `use_mem_pool` contexts do not nest. A Storage therefore keeps one routing stack per thread
 and keeps only its top pool registered: entering a context suspends the one below it,
 leaving it resumes it. torch is imported only when a method needs it.
+
+In whole-process mode (vmmarena.install(), _process.py) there are no MemPools: package(),
+transient() and graph() set the kind of this thread's tensors instead, and the methods that
+empty PyTorch's cache go to vmmarena's.
 """
 
 import contextlib
@@ -12,7 +16,7 @@ import sys
 import threading
 import weakref
 
-from . import _lib
+from . import _lib, _process
 from ._lib import VmmarenaError
 
 KINDS = ("package", "transient")
@@ -56,6 +60,11 @@ def allocator(kind="package"):
     return found
 
 
+def default_kind():
+    """The kind use_as_default() made the default, or None."""
+    return _default_kind
+
+
 def use_as_default(kind="package"):
     """Makes vmmarena PyTorch's allocator for every CUDA allocation of this process (as
     `kind` memory, with no caching layer). Must run before CUDA is initialized; afterwards
@@ -67,6 +76,8 @@ def use_as_default(kind="package"):
     _lib.config_check()
     if _default_kind is not None:
         raise VmmarenaError(f"use_as_default() already ran (kind {_default_kind!r})")
+    if _process.installed():
+        raise VmmarenaError("use_as_default(): install() already made vmmarena PyTorch's allocator (whole-process mode)")
     if torch.cuda.is_initialized():
         raise VmmarenaError(
             "use_as_default() must run before CUDA is initialized, and torch.cuda.is_initialized() "
@@ -205,13 +216,49 @@ class Storage:
         if hasattr(exc, "add_note"):
             exc.add_note(f"vmmarena (device {self.device}): {text}")
 
-    # ---- Context managers -----------------------------------------------------------------
+    # ---- Whole-process mode ---------------------------------------------------------------
+
+    def _kinds(self):
+        """This thread's open package()/transient() kinds in whole-process mode, innermost last."""
+        kinds = getattr(self._local, "kinds", None)
+        if kinds is None:
+            kinds = self._local.kinds = []
+        return kinds
 
     @contextlib.contextmanager
+    def _process_kind(self, kind):
+        kinds = self._kinds()
+        kinds.append(kind)
+        try:
+            with _process.kind(kind):
+                yield self
+        finally:
+            kinds.pop()
+
+    @contextlib.contextmanager
+    def _process_graph(self, cuda_graph, kind, share_with, kwargs):
+        """graph() in whole-process mode: torch.cuda.graph with this thread's kind set."""
+        torch = _torch()
+        if share_with is not None:
+            kwargs["pool"] = share_with.pool()
+        kinds = self._kinds()
+        kind = kind or (kinds[-1] if kinds else "package")
+        _check_kind(kind)
+        with self._process_kind(kind), torch.cuda.graph(cuda_graph, **kwargs):
+            yield cuda_graph
+
+    # ---- Context managers -----------------------------------------------------------------
+
     def package(self):
         """Routes this thread's CUDA allocations to persistent (PACKAGE) memory: weights,
         caches, graph operands. One pool for the Storage's life; release() returns its free
-        cached segments."""
+        cached segments. In whole-process mode: this thread's tensors are PACKAGE memory."""
+        if _process.installed():
+            return self._process_kind("package")
+        return self._pool_package()
+
+    @contextlib.contextmanager
+    def _pool_package(self):
         torch = self._require_pools()
         pool = self._package(torch)
         with self._lock:
@@ -231,13 +278,20 @@ class Storage:
                 with self._lock:
                     self._package_users -= 1
 
-    @contextlib.contextmanager
     def transient(self):
         """One warmup or tuning step: this thread's allocations go to a fresh pool of
         TRANSIENT memory. On exit the device is synchronized and the pool is dropped, so
         PyTorch returns its segments to vmmarena (into vmmarena's pool inside
         retain_transient_backing()). Tensors kept past the step keep their segments; the
-        snapshot lists them under "stray_transient"."""
+        snapshot lists them under "stray_transient". In whole-process mode: this thread's
+        tensors are TRANSIENT memory (as they are outside any context), each freed to
+        vmmarena's cache when PyTorch frees it; nothing happens on exit."""
+        if _process.installed():
+            return self._process_kind("transient")
+        return self._pool_transient()
+
+    @contextlib.contextmanager
+    def _pool_transient(self):
         torch = self._require_pools()
         before = self._live_transient()
         entry = self._push(torch, "transient", self._new_pool(torch, "transient"))
@@ -305,7 +359,7 @@ class Storage:
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():
             torch.cuda.synchronize(self.device)
-            if self._open_steps == 0 and self._live_transient():
+            if not _process.installed() and self._open_steps == 0 and self._live_transient():
                 self._empty_cache(torch)
         _lib.check(self.device, _lib.lib().vmm_torch_quiesce(self.device))
 
@@ -320,7 +374,17 @@ class Storage:
         capture's allocations to it, or refuse to capture into it) and resumed after; the
         free cached blocks of this thread's open steps are given back first, as
         torch.cuda.graph() does with PyTorch's own cache. Other keyword arguments (stream,
-        capture_error_mode) go to torch.cuda.graph."""
+        capture_error_mode) go to torch.cuda.graph.
+
+        In whole-process mode it is torch.cuda.graph(cuda_graph, **kwargs) with this thread's
+        kind set to `kind` during the capture; share_with=other_graph passes
+        pool=other_graph.pool()."""
+        if _process.installed():
+            if "pool" in kwargs:
+                raise TypeError("Storage.graph(): pass share_with= instead of pool=")
+            with self._process_graph(cuda_graph, kind, share_with, kwargs):
+                yield cuda_graph
+            return
         torch = self._require_pools()
         if "pool" in kwargs:
             raise TypeError("Storage.graph() makes the graph's pool; pass kind= or share_with= instead of pool=")
@@ -366,7 +430,8 @@ class Storage:
     def tag(self, name):
         """Labels the segments vmmarena hands out on this thread while the block runs (shown
         per mapping and per tag in the snapshot). PyTorch caches segments, so a tensor that
-        fits a cached block keeps that block's tag."""
+        fits a cached block keeps that block's tag. In whole-process mode every tensor made
+        on this thread in the block carries the tag (vmmarena keeps tags apart)."""
         if not isinstance(name, str):
             raise TypeError(f"tag must be a str, not {type(name).__name__}")
         handle = _lib.lib()
@@ -389,7 +454,8 @@ class Storage:
         PyTorch caches free blocks inside segments: a segment paused under a pool that is still
         allocating could hand a new tensor paused memory. Pause what no running code allocates
         from: a finished graph's pool, the package memory of weights or operands that the next
-        phase does not touch (docs/torch.md, "Pause and resume")."""
+        phase does not touch (docs/torch.md, "Pause and resume"). In whole-process mode it
+        takes exactly the tensors made under `tag`."""
         self._pause_or_resume(_lib.lib().vmm_torch_pause, tag, 1 if backup else 0)
 
     def resume(self, tag):
@@ -421,7 +487,11 @@ class Storage:
     def release(self):
         """Returns every free segment PyTorch caches for this Storage to vmmarena: waits for
         the device, drops the package pool's cache (a new pool is made on the next
-        package()), empties PyTorch's cache and quiesces the arena."""
+        package()), empties PyTorch's cache and quiesces the arena. In whole-process mode:
+        waits for the device and empties vmmarena's cache (torch.cuda.empty_cache())."""
+        if _process.installed():
+            self._process_release()
+            return
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():
             torch.cuda.synchronize(self.device)
@@ -435,11 +505,23 @@ class Storage:
         with self._lock:
             self._strays &= live
 
+    def _process_release(self):
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+        _lib.check(self.device, _lib.lib().vmm_torch_quiesce(self.device))
+
     def snapshot(self):
         """The arena's snapshot (docs/snapshot.md) as a dict, plus "stray_transient": the live
         transient mappings outside any step (every one when no step is open; those that
-        outlived an earlier step while one is)."""
+        outlived an earlier step while one is). In whole-process mode, where every tensor
+        outside package() is transient, "stray_transient" is left out and "mode" is
+        "process"."""
         snap = json.loads(_lib.snapshot_json(self.device))
+        if _process.installed():
+            snap["mode"] = "process"
+            return snap
         live = [m for m in snap["mappings"] if m["kind"] == "transient" and m["state"] == "live"]
         with self._lock:
             steps, strays = self._open_steps, set(self._strays)

@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""GPU benchmark of whole-process mode (vmmarena.install()): the warmup catalogs of
+torch_workload.py run as plain PyTorch code under five allocators, each catalog and mode in a
+process of its own with the same seed:
+
+  native          PyTorch's caching allocator
+  expandable      the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  mempool         vmmarena in MemPool mode through the Storage contexts (VMMARENA_RETAIN=off),
+                  as bench_torch.py's vmm-off
+  process         vmmarena.install(), then the plain code (VMMARENA_RETAIN=off)
+  process-retain  the same inside one retention scope around the catalog (VMMARENA_RETAIN=on)
+
+For each it reports the physical peak as the allocator's reserved peak (the same measure for
+all: torch.cuda.max_memory_reserved for native, expandable and both process modes, where it
+answers from vmmarena; vmmarena's physical peak plus what PyTorch took outside it for
+mempool), that peak over the live tensor bytes (native's torch.cuda.max_memory_allocated),
+the warmup's wall time, and whether the final logits equal native's. Targets (docs/torch.md):
+process and process-retain at most 1.10x the live bytes (goal 1.05x), below expandable, and no
+slower than native. Prints markdown tables and PASS/MISS lines.
+
+The hot path: pairs of torch._C._cuda_cudaCachingAllocator_raw_alloc / raw_delete (the
+binding torch.cuda.caching_allocator_alloc uses) of one size on one stream, after a warm-up,
+so every allocation is an exact-size hit, under native and under process; size 0 is the floor
+(the binding and PyTorch's wrapper, no allocator work). vmmarena's driver calls during the
+timed pairs are counted.
+
+Every worker starts at once (imports, CUDA, the model); the timed parts run one at a time.
+
+Usage: bench_process.py OUT.json [--catalog default,ascending,shuffled110,smallpool|all]
+                        [--modes native,...] [--library PATH] [--seed N] [--pairs N] [--no-hotpath]
+"""
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_torch  # noqa: E402  (StepSeries, wait_for_turn, machine)
+import record_trace  # noqa: E402  (library and package lookup)
+import torch_workload  # noqa: E402  (the catalogs)
+
+GIB = float(1 << 30)
+MODES = {
+    "native": {},
+    "expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    "mempool": {"VMMARENA_RETAIN": "off"},
+    "process": {"VMMARENA_RETAIN": "off"},
+    "process-retain": {"VMMARENA_RETAIN": "on"},
+}
+PROCESS_MODES = ("process", "process-retain")
+HOT_MODES = ("native", "process")
+HOT_SIZES = (0, 512, 4096, 65536, 1 << 20, 2 << 20, 64 << 20)
+TARGET, GOAL = 1.10, 1.05
+WORKER_TIMEOUT_S = 600
+START_TIMEOUT_S = 300
+
+
+# ---- Workers --------------------------------------------------------------------------------
+
+
+def start_mode(mode):
+    """Imports torch for `mode` (installing vmmarena first in the process modes); returns
+    (torch, vmmarena or None)."""
+    vmm = None
+    if mode in PROCESS_MODES or mode == "mempool":
+        vmm = record_trace.import_vmmarena()
+    if mode in PROCESS_MODES:
+        vmm.install()
+    import torch
+
+    return torch, vmm
+
+
+def catalog_worker(job):
+    mode, catalog, seed = job["mode"], torch_workload.get(job["catalog"]), job["seed"]
+    torch, vmm = start_mode(mode)
+    storage = vmm.Storage(0) if mode == "mempool" else None
+    model = torch_workload.build_model(torch, storage, seed, catalog)
+    torch.cuda.synchronize()
+    series = bench_torch.StepSeries(torch, storage)
+    scope = vmm.Storage(0).retain_transient_backing() if mode == "process-retain" else contextlib.nullcontext()
+    bench_torch.wait_for_turn(Path(job["ready"]), Path(job["go"]), WORKER_TIMEOUT_S)
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with scope:
+        torch_workload.warmup(torch, model, storage, seed, catalog, series)
+    torch.cuda.synchronize()
+    warmup_s = time.perf_counter() - start - series.own_s
+    logits = torch_workload.final_logits(torch, model, storage, seed, catalog)
+    result = {
+        "mode": mode, "catalog": catalog.name, "warmup_s": warmup_s, "observer_s": series.own_s,
+        "live_peak_bytes": torch.cuda.max_memory_allocated(0) if mode != "mempool" else None,
+        "steps": series.rows, "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+    }
+    if mode == "mempool":
+        result["peak_bytes"] = series.held()["peak"]
+    else:
+        result["peak_bytes"] = torch.cuda.max_memory_reserved(0)
+    if mode in PROCESS_MODES:
+        snap = vmm.snapshot(0)
+        result["vmm_physical_peak_bytes"] = snap["totals"]["physical_peak_bytes"]
+        result["usage"] = vmm._lib.usage(0)
+    torch.save(logits, job["logits"])
+    Path(job["result"]).write_text(json.dumps(result))
+
+
+def driver_calls(vmm):
+    return sum(entry["calls"] for entry in vmm.snapshot(0)["driver"].values()) if vmm else None
+
+
+def hotpath_worker(job):
+    """ns per raw_alloc/raw_delete pair by size, after a warm-up of the same size."""
+    torch, vmm = start_mode(job["mode"])
+    alloc = torch._C._cuda_cudaCachingAllocator_raw_alloc
+    delete = torch._C._cuda_cudaCachingAllocator_raw_delete
+    torch.cuda.init()
+    stream = torch.cuda.current_stream().cuda_stream
+    bench_torch.wait_for_turn(Path(job["ready"]), Path(job["go"]), WORKER_TIMEOUT_S)
+    rows = []
+    for size in HOT_SIZES:
+        for _ in range(200):
+            delete(alloc(size, stream))
+        calls = driver_calls(vmm)
+        start = time.perf_counter_ns()
+        for _ in range(job["pairs"]):
+            delete(alloc(size, stream))
+        ns = (time.perf_counter_ns() - start) / job["pairs"]
+        made = driver_calls(vmm) - calls if vmm else None
+        rows.append({"size": size, "ns_per_pair": ns, "driver_calls": made})
+    Path(job["result"]).write_text(json.dumps({"mode": job["mode"], "rows": rows, "pairs": job["pairs"]}))
+
+
+# ---- Parent ---------------------------------------------------------------------------------
+
+
+def job_env(mode, library):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VMMARENA_") and k != "PYTORCH_CUDA_ALLOC_CONF"}
+    env.update(MODES[mode], VMMARENA_LIBRARY=library, PYTHONUNBUFFERED="1")
+    return env
+
+
+def run_jobs(jobs, library, tmp):
+    """Starts every worker, waits until all are ready, then gives each its turn in order;
+    returns {job index: result dict} for those that finished."""
+    procs = {}
+    for i, job in enumerate(jobs):
+        job.update({k: str(Path(tmp) / f"{i}.{k}") for k in ("ready", "go", "result", "logits")})
+        spec = Path(tmp) / f"{i}.job.json"
+        spec.write_text(json.dumps(job))
+        procs[i] = subprocess.Popen([sys.executable, __file__, "--worker", str(spec)], env=job_env(job["mode"], library))
+    deadline = time.monotonic() + START_TIMEOUT_S
+    for i, job in enumerate(jobs):
+        while not Path(job["ready"]).exists() and procs[i].poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    results = {}
+    for i, job in enumerate(jobs):
+        name = f"{job.get('catalog', 'hotpath')}/{job['mode']}"
+        if not Path(job["ready"]).exists():
+            procs[i].kill()
+            print(f"== {name}: FAILED before its turn (exit status {procs[i].wait()})", flush=True)
+            continue
+        print(f"== {name}", flush=True)
+        Path(job["go"]).write_text("")
+        try:
+            status = procs[i].wait(timeout=WORKER_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            procs[i].kill()
+            status = procs[i].wait()
+        if status != 0 or not Path(job["result"]).exists():
+            print(f"== {name}: FAILED (exit status {status})", flush=True)
+            continue
+        results[i] = json.loads(Path(job["result"]).read_text())
+        print(f"   {summary(results[i])}", flush=True)  # in the log even if a later run is cut short
+    return results
+
+
+def summary(r):
+    if "rows" in r:
+        return "ns/pair by size: " + ", ".join(f"{row['size']}: {row['ns_per_pair']:.0f}" for row in r["rows"])
+    live = r.get("live_peak_bytes")
+    return (f"peak {r['peak_bytes'] / GIB:.3f} GiB, max_memory_allocated "
+            f"{live / GIB:.3f} GiB, warmup {r['warmup_s']:.2f} s" if live is not None else
+            f"peak {r['peak_bytes'] / GIB:.3f} GiB, warmup {r['warmup_s']:.2f} s")
+
+
+def attach_logit_diffs(jobs, results):
+    import torch
+
+    native = {jobs[i]["catalog"]: torch.load(jobs[i]["logits"]) for i, r in results.items()
+              if "catalog" in jobs[i] and jobs[i]["mode"] == "native"}
+    for i, r in results.items():
+        ref = native.get(jobs[i].get("catalog"))
+        if ref is not None:
+            r["max_abs_diff_vs_native"] = float((torch.load(jobs[i]["logits"]) - ref).abs().max())
+
+
+# ---- Report ---------------------------------------------------------------------------------
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}x" if a is not None and b else "-"
+
+
+def report_catalog(name, modes):
+    """The table of one catalog and its PASS/MISS lines; returns the checks."""
+    native, expandable = modes.get("native"), modes.get("expandable")
+    live = native and native["live_peak_bytes"]
+    print(f"\n### {name}: {torch_workload.get(name).describe()}\n")
+    print(f"live tensor bytes at peak under native (max_memory_allocated): {live / GIB:.2f} GiB\n" if live else "")
+    print("| mode | physical peak | / live bytes | vs expandable | warmup | vs native | logits max abs diff |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for mode, r in modes.items():
+        print(f"| {mode} | {r['peak_bytes'] / GIB:.2f} GiB | {ratio(r['peak_bytes'], live)} | "
+              f"{ratio(r['peak_bytes'], expandable and expandable['peak_bytes'])} | {r['warmup_s']:.2f} s | "
+              f"{ratio(r['warmup_s'], native and native['warmup_s'])} | {r.get('max_abs_diff_vs_native', float('nan')):.3g} |")
+    checks = []
+    for mode in PROCESS_MODES:
+        r = modes.get(mode)
+        if r is None or not live:
+            continue
+        c = {"catalog": name, "mode": mode, "ratio": r["peak_bytes"] / live,
+             "below_expandable": expandable is not None and r["peak_bytes"] < expandable["peak_bytes"],
+             "time_le_native": native is not None and r["warmup_s"] <= native["warmup_s"]}
+        checks.append(c)
+        print(f"{'PASS' if c['ratio'] <= TARGET else 'MISS'} {name} {mode}: peak {c['ratio']:.3f}x the live bytes "
+              f"<= {TARGET}x (goal {GOAL}x: {'met' if c['ratio'] <= GOAL else 'not met'})")
+        print(f"{'PASS' if c['below_expandable'] else 'MISS'} {name} {mode}: peak below expandable")
+        print(f"{'PASS' if c['time_le_native'] else 'MISS'} {name} {mode}: warmup {r['warmup_s']:.2f} s <= native")
+    return checks
+
+
+def report_hotpath(hot):
+    if not hot:
+        return
+    print("\n### Hot path: raw_alloc/raw_delete pairs, one size, one stream (exact-size hits)\n")
+    print("| size | native ns/pair | vmmarena ns/pair | native over the floor | vmmarena over the floor | "
+          "vmmarena driver calls |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    native, process = (hot.get(m, {"rows": []})["rows"] for m in HOT_MODES)
+    by_size = {r["size"]: r for r in process}
+    floor_n = next((r["ns_per_pair"] for r in native if r["size"] == 0), 0)
+    floor_p = by_size.get(0, {}).get("ns_per_pair", 0)
+    for r in native:
+        p = by_size.get(r["size"])
+        if p is None:
+            continue
+        print(f"| {r['size']} | {r['ns_per_pair']:.0f} | {p['ns_per_pair']:.0f} | {r['ns_per_pair'] - floor_n:.0f} | "
+              f"{p['ns_per_pair'] - floor_p:.0f} | {p['driver_calls']} |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", nargs="?", help="where to write the JSON results")
+    parser.add_argument("--catalog", default="default,ascending,shuffled110,smallpool", help="names, or all")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--library", help="path of libvmmarena_torch.so")
+    parser.add_argument("--seed", type=int, default=torch_workload.DEFAULT_SEED)
+    parser.add_argument("--pairs", type=int, default=20000, help="timed pairs per size on the hot path")
+    parser.add_argument("--no-hotpath", action="store_true")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        job = json.loads(Path(args.worker).read_text())
+        (hotpath_worker if job.get("hotpath") else catalog_worker)(job)
+        return
+    if not args.out:
+        parser.error("the output path is required")
+    catalogs = list(torch_workload.CATALOGS) if args.catalog == "all" else args.catalog.split(",")
+    for name in catalogs:
+        torch_workload.get(name)
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise SystemExit(f"unknown mode(s) {', '.join(unknown)}: choose from {', '.join(MODES)}")
+    jobs = [] if args.no_hotpath else [{"hotpath": True, "mode": m, "pairs": args.pairs} for m in HOT_MODES]
+    jobs += [{"catalog": c, "mode": m, "seed": args.seed} for c in catalogs for m in modes]
+    library = record_trace.find_library(args.library)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = run_jobs(jobs, library, tmp)
+        attach_logit_diffs(jobs, results)
+    runs, hot = {}, {}
+    for i, r in results.items():
+        if jobs[i].get("hotpath"):
+            hot[r["mode"]] = r
+        else:
+            runs.setdefault(r["catalog"], {})[r["mode"]] = r
+    checks = [c for name, by_mode in runs.items() for c in report_catalog(name, by_mode)]
+    report_hotpath(hot)
+    first = next((r for by_mode in runs.values() for r in by_mode.values()), None)
+    if first:
+        print(f"\n{first['device']}, torch {first['torch']}")
+    data = {"machine": bench_torch.machine(), "seed": args.seed, "runs": runs, "hotpath": hot, "checks": checks}
+    Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    if len(results) < len(jobs):
+        sys.exit(f"{len(jobs) - len(results)} of {len(jobs)} runs failed")
+
+
+if __name__ == "__main__":
+    main()
