@@ -73,6 +73,8 @@ vmm_status vmm_arena_alloc_in(vmm_arena *a, size_t bytes, vmm_kind kind, CUstrea
                               void **out) {
   if (!a) return VMM_ERR_INVALID_ARGUMENT;
   pthread_mutex_lock(&a->lock);
+  CUstreamCaptureMode mode;
+  bool relaxed = vmm_capture_relax(a, &mode);
   vmm_request req = {bytes, 0, kind, stream, vmm_tag_current_id(), pool};
   CUdeviceptr at = 0;
   size_t size = 0;
@@ -87,6 +89,7 @@ vmm_status vmm_arena_alloc_in(vmm_arena *a, size_t bytes, vmm_kind kind, CUstrea
   }
   vmm_trace_arena_op(a, VMM_TRACE_ALLOC, (unsigned)kind < VMM_KIND_COUNT ? (int)kind : -1, bytes, req.rounded, at,
                      stream, req.tag, st);
+  vmm_capture_restore(a, relaxed, mode);
   vmm_ctx_leave(a);
   pthread_mutex_unlock(&a->lock);
   return st;
@@ -110,6 +113,8 @@ vmm_status vmm_arena_free(vmm_arena *a, void *ptr, CUstream stream) {
   if (!a) return VMM_ERR_INVALID_ARGUMENT;
   CUdeviceptr base = (CUdeviceptr)(uintptr_t)ptr;
   pthread_mutex_lock(&a->lock);
+  CUstreamCaptureMode mode;
+  bool relaxed = vmm_capture_relax(a, &mode);
   vmm_status st;
   uint32_t slot;
   vmm_page *pg = ptr ? vmm_pages_slot_of(a, base, &slot) : NULL;
@@ -130,6 +135,7 @@ vmm_status vmm_arena_free(vmm_arena *a, void *ptr, CUstream stream) {
   }
   if (freed) a->frees++, count_allocation(a, size, -1);
   vmm_trace_arena_op(a, VMM_TRACE_FREE, kind, 0, size, base, stream, tag, st);
+  vmm_capture_restore(a, relaxed, mode);
   vmm_ctx_leave(a);
   pthread_mutex_unlock(&a->lock);
   return st;

@@ -590,6 +590,12 @@ VMM_INTERNAL void vmm_event_put(vmm_arena *a, CUevent e);
 VMM_INTERNAL bool vmm_event_record(vmm_arena *a, CUevent e, CUstream stream);
 /* Makes `stream` wait for e: true on success. */
 VMM_INTERNAL bool vmm_stream_wait_event(vmm_arena *a, CUstream stream, CUevent e);
+/* While a capture is underway (vmm_arena_capture_begin), sets this thread's capture mode to
+ * relaxed for the rest of a public call, so that the arena's calls (memory creation, mapping,
+ * event queries) do not invalidate a capture begun in global mode, as PyTorch's allocator does;
+ * *saved keeps the mode to restore. Returns whether it did. */
+VMM_INTERNAL bool vmm_capture_relax(vmm_arena *a, CUstreamCaptureMode *saved);
+VMM_INTERNAL void vmm_capture_restore(vmm_arena *a, bool relaxed, CUstreamCaptureMode saved);
 /* Whether pooled mapping m's work is known complete with no host wait: a quiesce came after
  * its free, or on its freeing stream and every stream added to it an event recorded after the
  * free has completed (cuEventQuery). Records a new event where none is pending, so that a

@@ -126,6 +126,21 @@ void vmm_stream_order_fini(vmm_arena *a) {
   a->spare_events = NULL;
 }
 
+/* ---- Capture mode ---------------------------------------------------------------------- */
+
+bool vmm_capture_relax(vmm_arena *a, CUstreamCaptureMode *saved) {
+  if (!a->captures_underway || a->drv->version < 3 || !a->drv->thread_exchange_stream_capture_mode) return false;
+  *saved = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (VMM_DRV_COUNTED(a, thread_exchange_stream_capture_mode, saved) == CUDA_SUCCESS) return true;
+  vmm_log(1, a->cfg.log_level, "vmmarena: cuThreadExchangeStreamCaptureMode failed: a capture in global mode may be "
+                               "invalidated by the arena's calls");
+  return false;
+}
+
+void vmm_capture_restore(vmm_arena *a, bool relaxed, CUstreamCaptureMode saved) {
+  if (relaxed) (void)VMM_DRV_COUNTED(a, thread_exchange_stream_capture_mode, &saved);
+}
+
 /* ---- Fences: frees known complete without a host wait ----------------------------------- */
 
 static vmm_fence *fence_of(vmm_arena *a, CUstream s) {

@@ -304,7 +304,11 @@ static struct {
   size_t log_len, log_cap;
   unsigned generation; /* raised by every reset: thread context stacks older than it are empty */
   int events_pending;  /* cuEventQuery answers CUDA_ERROR_NOT_READY: the device is behind */
+  int strict_capture;  /* an unsafe call during a capture, not in relaxed mode, is misuse */
 } fk;
+
+/* This thread's capture mode (cuThreadExchangeStreamCaptureMode). */
+static _Thread_local int tls_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
 /* Never reset, so that an id from an earlier test is never valid again. */
 static uint64_t next_id = 1;
@@ -505,6 +509,16 @@ static CUresult check_stream_usable(CUstream stream) {
     return misuse(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "legacy stream used while a stream is capturing");
   return CUDA_SUCCESS;
 }
+
+/* With strict capture on: a potentially unsafe call (memory creation, mapping, release, an
+ * event query) while a capture is underway invalidates it unless this thread is relaxed. */
+static CUresult check_safe_during_capture(void) {
+  if (!fk.strict_capture || !fk.capturing.count || tls_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+    return CUDA_SUCCESS;
+  return misuse(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "an unsafe call while a capture is underway, not relaxed");
+}
+
+#define SAFE(body) (check_safe_during_capture() == CUDA_SUCCESS ? (body) : CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
 
 static CUresult check_event(CUevent event) {
   if (!hmap_get(&fk.events, (uintptr_t)event))
@@ -868,20 +882,20 @@ static CUresult drv_mem_address_free(CUdeviceptr ptr, size_t size) {
 }
 static CUresult drv_mem_create(CUmemGenericAllocationHandle *hnd, size_t size, const CUmemAllocationProp *prop,
                                unsigned long long flags) {
-  FAKE_CALL(mem_create, size, prop_device(prop), do_mem_create(hnd, size, prop, flags));
+  FAKE_CALL(mem_create, size, prop_device(prop), SAFE(do_mem_create(hnd, size, prop, flags)));
 }
 static CUresult drv_mem_release(CUmemGenericAllocationHandle hnd) {
-  FAKE_CALL(mem_release, hnd, 0, do_mem_release(hnd));
+  FAKE_CALL(mem_release, hnd, 0, SAFE(do_mem_release(hnd)));
 }
 static CUresult drv_mem_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle hnd,
                             unsigned long long flags) {
-  FAKE_CALL(mem_map, ptr, size, do_mem_map(ptr, size, offset, hnd, flags));
+  FAKE_CALL(mem_map, ptr, size, SAFE(do_mem_map(ptr, size, offset, hnd, flags)));
 }
 static CUresult drv_mem_unmap(CUdeviceptr ptr, size_t size) {
-  FAKE_CALL(mem_unmap, ptr, size, do_mem_unmap(ptr, size));
+  FAKE_CALL(mem_unmap, ptr, size, SAFE(do_mem_unmap(ptr, size)));
 }
 static CUresult drv_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
-  FAKE_CALL(mem_set_access, ptr, size, do_mem_set_access(ptr, size, desc, count));
+  FAKE_CALL(mem_set_access, ptr, size, SAFE(do_mem_set_access(ptr, size, desc, count)));
 }
 static CUresult drv_stream_synchronize(CUstream stream) {
   FAKE_CALL(stream_synchronize, stream, 0, check_stream_usable(stream));
@@ -904,7 +918,17 @@ static CUresult do_event_query(CUevent event) {
   CUresult r = check_event(event);
   return r != CUDA_SUCCESS ? r : fk.events_pending ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
-static CUresult drv_event_query(CUevent event) { FAKE_CALL(event_query, event, 0, do_event_query(event)); }
+static CUresult drv_event_query(CUevent event) { FAKE_CALL(event_query, event, 0, SAFE(do_event_query(event))); }
+static CUresult do_exchange_capture_mode(CUstreamCaptureMode *mode) {
+  int old = tls_capture_mode;
+  tls_capture_mode = (int)*mode;
+  *mode = (CUstreamCaptureMode)old;
+  return CUDA_SUCCESS;
+}
+static CUresult drv_thread_exchange_stream_capture_mode(CUstreamCaptureMode *mode) {
+  uintptr_t asked = (uintptr_t)*mode; /* logged: the mode asked for */
+  FAKE_CALL(thread_exchange_stream_capture_mode, asked, 0, do_exchange_capture_mode(mode));
+}
 static CUresult drv_host_memory_available(size_t *bytes) {
   FAKE_CALL(host_memory_available, 0, 0, do_host_memory_available(bytes));
 }
@@ -1019,6 +1043,12 @@ void fake_set_host_mem_available(size_t bytes) {
 void fake_set_integrated(int integrated) {
   pthread_mutex_lock(&fk_lock);
   fk.opts.integrated = integrated != 0;
+  pthread_mutex_unlock(&fk_lock);
+}
+
+void fake_set_strict_capture(int strict) {
+  pthread_mutex_lock(&fk_lock);
+  fk.strict_capture = strict;
   pthread_mutex_unlock(&fk_lock);
 }
 

@@ -47,6 +47,10 @@ unsigned fake_faults_fired(void);
 void fake_set_capacity(int device, size_t bytes);
 void fake_set_host_mem_available(size_t bytes);
 void fake_set_integrated(int integrated);
+/* While set, a potentially unsafe call (cuMemCreate, cuMemMap, cuMemUnmap, cuMemRelease,
+ * cuMemSetAccess, cuEventQuery) made while a stream captures, by a thread whose capture mode
+ * is not relaxed, is misuse and fails: a capture begun in global mode would be invalidated. */
+void fake_set_strict_capture(int strict);
 /* While set, cuEventQuery answers CUDA_ERROR_NOT_READY for every event (the device is
  * behind the host); otherwise every recorded event is complete. */
 void fake_set_events_pending(int pending);

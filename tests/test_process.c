@@ -350,6 +350,34 @@ static void frees_during_a_capture(void **state) {
   tu_destroy(a);
 }
 
+/* While a capture is underway, the arena's calls run in relaxed capture mode, so that a
+ * capture begun in global mode (torch.cuda.graph's) is not invalidated by them. */
+static void calls_during_a_capture_are_relaxed(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  fake_set_strict_capture(1);
+  assert_int_equal(vmm_arena_capture_begin(a, 4), VMM_OK);
+  fake_set_capturing(S1, 1);
+  size_t from = fake_call_count();
+  void *g = alloc_in(a, 6 * MiB, T, S1, 4); /* new memory: create, map, grant */
+  void *s = alloc_in(a, 512, T, S1, 4);      /* a page */
+  assert_int_equal(fake_calls_since(from, VMM_DRV_thread_exchange_stream_capture_mode), 4); /* relax, restore */
+  assert_int_equal(fake_call_at(from)->entry, VMM_DRV_thread_exchange_stream_capture_mode);
+  assert_int_equal(fake_call_at(from)->a0, CU_STREAM_CAPTURE_MODE_RELAXED);
+  free_ok(a, g, S1);
+  free_ok(a, s, S1);
+  fake_set_capturing(S1, 0);
+  assert_int_equal(vmm_arena_capture_end(a, 4), VMM_OK);
+  fake_ledger l;
+  fake_get_ledger(&l);
+  assert_int_equal(l.errors, 0); /* no unsafe call outside relaxed mode */
+  from = fake_call_count();
+  free_ok(a, alloc_in(a, 512, T, S2, 0), S2); /* no capture underway: the mode is left alone */
+  assert_int_equal(fake_calls_since(from, VMM_DRV_thread_exchange_stream_capture_mode), 0);
+  fake_set_strict_capture(0);
+  tu_destroy(a);
+}
+
 /* ---- Giving memory back ---------------------------------------------------------------- */
 
 static void empty_cache_releases_outside_a_scope_only(void **state) {
@@ -571,6 +599,7 @@ int main(void) {
       cmocka_unit_test(a_pool_keeps_its_memory),
       cmocka_unit_test(a_graph_pool_is_never_taken_apart),
       cmocka_unit_test(frees_during_a_capture),
+      cmocka_unit_test(calls_during_a_capture_are_relaxed),
       cmocka_unit_test(empty_cache_releases_outside_a_scope_only),
       cmocka_unit_test(refused_memory_releases_the_cache),
       cmocka_unit_test(usage_and_peaks),

@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define VMM_DRIVER_VERSION 3 /* 2: mem_cpy_dtoh, mem_cpy_htod appended; 3: event_query */
+#define VMM_DRIVER_VERSION 3 /* 2: mem_cpy_dtoh, mem_cpy_htod appended; 3: event_query, thread_exchange_stream_capture_mode */
 
 /* CUresult cuInit(unsigned int flags); */
 typedef CUresult (*vmm_drv_init_fn)(unsigned int flags);
@@ -103,6 +103,11 @@ typedef CUresult (*vmm_drv_mem_cpy_htod_fn)(CUdeviceptr dst, const void *src, si
  * version 3. */
 typedef CUresult (*vmm_drv_event_query_fn)(CUevent event);
 
+/* CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode): sets this thread's
+ * capture mode to *mode and returns the old one in *mode (whole-process mode: the arena's
+ * calls run relaxed while a capture is underway, as PyTorch's allocator does). Since version 3. */
+typedef CUresult (*vmm_drv_thread_exchange_stream_capture_mode_fn)(CUstreamCaptureMode *mode);
+
 /* X-macro of every entry point: X(field, cuda_symbol). Order = field order in the table. */
 #define VMM_DRIVER_ENTRY_POINTS(X)                                     \
   X(init, "cuInit")                                                    \
@@ -135,7 +140,8 @@ typedef CUresult (*vmm_drv_event_query_fn)(CUevent event);
   X(host_memory_available, "host_memory_available")                    \
   X(mem_cpy_dtoh, "cuMemcpyDtoH")                                      \
   X(mem_cpy_htod, "cuMemcpyHtoD")                                      \
-  X(event_query, "cuEventQuery")
+  X(event_query, "cuEventQuery")                                       \
+  X(thread_exchange_stream_capture_mode, "cuThreadExchangeStreamCaptureMode")
 
 /* Index of each entry point, for per-entry-point counters and fault injection. */
 typedef enum vmm_driver_entry {
@@ -179,6 +185,7 @@ struct vmm_driver {
   vmm_drv_mem_cpy_dtoh_fn mem_cpy_dtoh;                          /* cuMemcpyDtoH (version 2) */
   vmm_drv_mem_cpy_htod_fn mem_cpy_htod;                          /* cuMemcpyHtoD (version 2) */
   vmm_drv_event_query_fn event_query;                            /* cuEventQuery (version 3) */
+  vmm_drv_thread_exchange_stream_capture_mode_fn thread_exchange_stream_capture_mode; /* (version 3) */
 };
 
 /* Name of an entry point as the driver spells it ("cuMemCreate"). */
