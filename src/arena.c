@@ -169,6 +169,7 @@ static const char *state_name(vmm_mapping_state s) {
   case VMM_MAP_DEFERRED: return "already freed (waiting for a capture to end)";
   case VMM_MAP_ABANDONED: return "already freed (abandoned by an aborted scope)";
   case VMM_MAP_PAUSED: return "paused";
+  case VMM_MAP_MOVING: return "being paused or resumed by another call";
   }
   return "?";
 }
@@ -292,6 +293,7 @@ void vmm_arena_destroy(vmm_arena *a) {
   vmm_pool_fini(&a->store.pool);
   vmm_table_fini(&a->table);
   vmm_ranges_fini(a);
+  vmm_copier_stop(a); /* threads, staging and copy streams of pause and resume */
   vmm_device_close(a);
   vmm_trace_close(a->trace);
   vmm_id_set_fini(&a->aborted_scopes);

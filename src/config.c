@@ -81,6 +81,7 @@ void vmm_config_init(vmm_config *cfg) {
   cfg->reserve_bytes = (size_t)256 << 30;
   cfg->retain = VMM_RETAIN_AUTO;
   cfg->log_level = 1;
+  cfg->pause_staging = VMM_STAGING_DEFAULT;
 }
 
 const char *vmm_reuse_policy_name(vmm_reuse_policy p) {
@@ -165,6 +166,26 @@ static vmm_status set_log(const char *env, const char *value, vmm_config *cfg) {
   return usage(env, value, "expected off, error, info or debug");
 }
 
+/* "off" or "0" (synchronous copies), or a size of at least 1 MiB and at most 4 GiB, with
+ * ",keep" to keep the staging while nothing is paused. */
+static vmm_status set_staging(const char *env, const char *value, size_t *out) {
+  if (!strcasecmp(value, "off") || !strcmp(value, "0")) return *out = 0, VMM_OK;
+  char size[64];
+  const char *comma = strchr(value, ',');
+  size_t len = comma ? (size_t)(comma - value) : strlen(value);
+  if (comma && strcasecmp(comma + 1, "keep")) return usage(env, value, "expected SIZE or SIZE,keep (e.g. 64M,keep)");
+  if (len >= sizeof size) return usage(env, value, "size too long");
+  memcpy(size, value, len);
+  size[len] = '\0';
+  const char *why = NULL;
+  size_t v;
+  if (parse_size(size, &v, &why) != VMM_OK) return usage(env, value, why);
+  if (v < VMM_STAGING_MIN || v > VMM_STAGING_MAX)
+    return usage(env, value, "the staging is off (0) or between 1 MiB and 4 GiB");
+  *out = v | (comma ? VMM_STAGING_KEEP : 0);
+  return VMM_OK;
+}
+
 /* Setting name (upper case after VMMARENA_, or lower case short name) and its setter. */
 static const struct setting {
   const char *env, *short_name;
@@ -176,6 +197,7 @@ static const struct setting {
     {"VMMARENA_PEER_ACCESS", "peer_access", 6}, {"VMMARENA_TRACE", "trace", 7},
     {"VMMARENA_LOG", "log", 8},         {"VMMARENA_HANDLE_BOUND", "handle_bound", 9},
     {"VMMARENA_PACKAGE_ASSEMBLY", "package_assembly", 10},
+    {"VMMARENA_PAUSE_STAGING", "pause_staging", 11},
     {"VMMARENA_CACHE", "cache", 12},
 };
 
@@ -201,6 +223,7 @@ static vmm_status apply(const struct setting *s, const char *value, vmm_config *
     if (!strcasecmp(value, "auto")) return cfg->handle_bound_bytes = 0, VMM_OK;
     return set_size(s->env, value, &cfg->handle_bound_bytes, 0);
   case 10: return set_switch(s->env, value, &cfg->package_assembly);
+  case 11: return set_staging(s->env, value, &cfg->pause_staging);
   case 12: return set_switch(s->env, value, &cfg->caching);
   }
   return VMM_ERR_INVALID_ARGUMENT;

@@ -110,7 +110,8 @@ typedef enum vmm_mapping_state {
   VMM_MAP_FREEING,   /* a free is synchronizing its stream outside the lock */
   VMM_MAP_DEFERRED,  /* freed on a capturing stream; unmapped once capture is over */
   VMM_MAP_ABANDONED, /* belongs to an aborted scope: no driver call until destroy */
-  VMM_MAP_PAUSED     /* paused: range and record kept, no handles (pause.c) */
+  VMM_MAP_PAUSED,    /* paused: range and record kept, no handles (pause.c) */
+  VMM_MAP_MOVING     /* mapped, its contents copied to or from its backup outside the lock (pause.c) */
 } vmm_mapping_state;
 
 struct vmm_bucket;
@@ -137,7 +138,7 @@ typedef struct vmm_mapping {
   struct vmm_mapping *pool_next, *pool_prev; /* bucket list while POOLED; deferred list while DEFERRED */
   struct vmm_bucket *bucket;
   bool chosen;            /* picked by the assembly being planned (only during vmm_assemble) */
-  void *backup;           /* host copy of a paused allocation's contents (VMM_PAUSE_BACKUP) */
+  void *backup;           /* host copy of a paused allocation's contents (VMM_PAUSE_BACKUP; backup.c) */
 } vmm_mapping;
 
 /* ---- Handles (handle.c) --------------------------------------------------------------- */
@@ -188,8 +189,13 @@ VMM_INTERNAL void vmm_mapping_end_freeing(vmm_arena *a, vmm_mapping *m);
 VMM_INTERNAL void vmm_mapping_abandon(vmm_arena *a, vmm_mapping *m);
 /* LIVE -> PAUSED (already unmapped), keeping `backup` (or NULL); its bytes move to paused. */
 VMM_INTERNAL void vmm_mapping_pause(vmm_arena *a, vmm_mapping *m, void *backup);
-/* PAUSED (mapped again, contents back) -> LIVE; the backup is freed. */
+/* PAUSED (mapped again, contents back) or MOVING -> LIVE; the backup is freed. */
 VMM_INTERNAL void vmm_mapping_resume(vmm_arena *a, vmm_mapping *m);
+/* LIVE (to be paused) or PAUSED and mapped again (to be resumed) -> MOVING, while its contents
+ * are copied outside the lock: a free or another pause or resume of it waits or is refused. */
+VMM_INTERNAL void vmm_mapping_begin_moving(vmm_arena *a, vmm_mapping *m);
+/* MOVING -> where it came from: LIVE (no backup), or PAUSED, mapped, with its backup. */
+VMM_INTERNAL void vmm_mapping_end_moving(vmm_arena *a, vmm_mapping *m);
 
 /* Unmaps m whole. Record before unmap: on failure nothing changes and the error is recorded. */
 VMM_INTERNAL vmm_status vmm_mapping_unmap(vmm_arena *a, vmm_mapping *m, const char *what);
@@ -403,6 +409,7 @@ struct vmm_arena {
   char last_error[768];
 
   vmm_trace_writer *trace;
+  struct vmm_copier *copier;   /* pause and resume: turns, threads, staging (copy_engine.c); NULL until the first */
 };
 
 static inline bool vmm_retaining(const vmm_arena *a) { return a->scope == VMM_SCOPE_ACTIVE && a->retention_enabled; }
@@ -634,6 +641,54 @@ VMM_INTERNAL vmm_assembly_mode vmm_assembly_mode_for(const vmm_arena *a, vmm_kin
  * Outside a scope: the bound a scope begun now would start with. */
 VMM_INTERNAL size_t vmm_handle_bound(const vmm_arena *a, size_t fresh);
 
+/* ---- Copy engine (copy_engine.c) ----------------------------------------------------- */
+
+#define VMM_STAGING_DEFAULT ((size_t)32 << 20) /* vmm_config.pause_staging */
+#define VMM_STAGING_MIN ((size_t)1 << 20)
+#define VMM_STAGING_MAX ((size_t)4 << 30)
+#define VMM_STAGING_KEEP ((size_t)1 << 63)    /* the bit of pause_staging that keeps the staging */
+
+/* One range copied between the device and host memory. */
+typedef struct vmm_copy_segment {
+  CUdeviceptr dev;
+  char *host;
+  size_t bytes;
+} vmm_copy_segment;
+
+/* What failed in a copy made outside the arena lock, recorded once the lock is held again. */
+typedef struct vmm_copy_error {
+  vmm_status status;      /* VMM_ERR_OUT_OF_MEMORY (host, or a driver out of memory) or VMM_ERR_DRIVER */
+  CUresult result;        /* the failed call's result */
+  vmm_driver_entry entry; /* the failed entry point; VMM_DRV_ENTRY_COUNT for a host failure */
+  char what[300];         /* what failed, with its numbers */
+} vmm_copy_error;
+
+/* Makes the arena's copier on its first pause or resume (arena lock held): no thread, no
+ * staging yet. VMM_ERR_OUT_OF_MEMORY, recorded, when the host has no memory for it. */
+VMM_INTERNAL vmm_status vmm_copier_get(vmm_arena *a);
+/* Arena lock held: waits, with the lock released, until a pause or resume ends (any tag). */
+VMM_INTERNAL void vmm_copier_wait_turn(vmm_arena *a);
+/* Arena lock held: a pause or resume ended; wakes the calls waiting for their turn. */
+VMM_INTERNAL void vmm_copier_end_turn(vmm_arena *a);
+/* Without the arena lock: copies the segments (to_host: device -> host, else host -> device)
+ * through the pinned staging buffers, with the host threads, one copy of the arena at a time;
+ * starts the threads on first use. The staging is allocated by the copy and released after
+ * it unless another copy waits or the setting keeps it (a failed release is logged and tried
+ * again after the next copy). Returns true, or false with *err filled (everything it started
+ * is finished; the host side is partly written). */
+VMM_INTERNAL bool vmm_copier_run(vmm_arena *a, const vmm_copy_segment *seg, size_t n, bool to_host, vmm_copy_error *err);
+/* Without the arena lock: waits for the work in flight on the allocations' streams (once per
+ * stream), which may still use their memory. Returns true, or false with *err filled. */
+VMM_INTERNAL bool vmm_copier_wait_streams(vmm_arena *a, vmm_mapping *const *list, size_t n, vmm_copy_error *err);
+/* Stops the threads and releases the staging and the streams (destroy). */
+VMM_INTERNAL void vmm_copier_stop(vmm_arena *a);
+/* Records e under the arena lock as "CALL: WHAT; THEN" (call "pause(\"w\")", then what the
+ * failure left); returns its status. */
+VMM_INTERNAL vmm_status vmm_copy_fail(vmm_arena *a, const vmm_copy_error *e, const char *call, const char *then);
+/* Fills e for a failed driver call (status from the result) or, with entry
+ * VMM_DRV_ENTRY_COUNT, a host failure (out of memory). */
+VMM_INTERNAL void vmm_copy_error_set(vmm_copy_error *e, CUresult r, vmm_driver_entry entry, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* ---- Whole mappings (arena.c) ------------------------------------------------------- */
 /* A live mapping of at least req->rounded bytes for req, from the first source that has one
  * (pool, assembly, new memory; after a refusal the fallbacks). */
@@ -660,12 +715,17 @@ VMM_INTERNAL vmm_status vmm_drain_idle(vmm_arena *a, const char *what);
 /* ---- Backups (backup.c) ------------------------------------------------------------- */
 /* Whether the driver table has the copies a backup needs (version 2). */
 VMM_INTERNAL bool vmm_backup_supported(const vmm_arena *a);
-/* Copies [base, base + bytes) into new host memory (*out); on failure *out is NULL, nothing
- * is kept and the error is recorded. */
-VMM_INTERNAL vmm_status vmm_backup_save(vmm_arena *a, CUdeviceptr base, size_t bytes, void **out);
-/* Copies a backup back to [base, base + bytes); the backup stays (the caller frees it). */
-VMM_INTERNAL vmm_status vmm_backup_restore(vmm_arena *a, CUdeviceptr base, const void *backup, size_t bytes);
-/* Returns a backup of `bytes` to the system; NULL is a no-op. */
+/* Arena lock held: refuses (out of memory, recorded) backups of `bytes` that the host's
+ * MemAvailable cannot hold, where it is known. */
+VMM_INTERNAL vmm_status vmm_backup_admit(vmm_arena *a, size_t bytes, const char *call);
+/* Without the arena lock: makes a backup of each of the n allocations (out[i] for list[i])
+ * and copies their contents into them. On failure none is kept (out[] NULL) and *err says
+ * what failed. */
+VMM_INTERNAL bool vmm_backup_save(vmm_arena *a, vmm_mapping *const *list, size_t n, void **out, vmm_copy_error *err);
+/* Without the arena lock: copies the backups of the n allocations (mapped again) back into
+ * their ranges; the backups stay (vmm_mapping_resume frees them). */
+VMM_INTERNAL bool vmm_backup_restore(vmm_arena *a, vmm_mapping *const *list, size_t n, vmm_copy_error *err);
+/* Returns a backup to the system; NULL is a no-op. `bytes` is its allocation's extent. */
 VMM_INTERNAL void vmm_backup_free(void *backup, size_t bytes);
 
 /* ---- Scope (scope.c) ---------------------------------------------------------------- */

@@ -148,6 +148,12 @@ void vmm_mapping_resume(vmm_arena *a, vmm_mapping *m) {
   set_state(a, m, VMM_MAP_LIVE);
 }
 
+void vmm_mapping_begin_moving(vmm_arena *a, vmm_mapping *m) { set_state(a, m, VMM_MAP_MOVING); }
+
+void vmm_mapping_end_moving(vmm_arena *a, vmm_mapping *m) {
+  set_state(a, m, m->backup ? VMM_MAP_PAUSED : VMM_MAP_LIVE);
+}
+
 /* ---- Retire -------------------------------------------------------------------------- */
 
 vmm_status vmm_mapping_unmap(vmm_arena *a, vmm_mapping *m, const char *what) {

@@ -148,7 +148,8 @@ vmm_status vmm_pages_take(vmm_arena *a, const vmm_page_key *k, CUdeviceptr *out)
   if (!s) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for a page set");
   if (s->waits) release_waits(a, s);
   vmm_page *pg = s->partial;
-  if (!pg) return VMM_STATUS_COUNT; /* no page with a free slot: the caller carves one */
+  while (pg && pg->m->state != VMM_MAP_LIVE) pg = pg->next; /* a paused page holds no memory */
+  if (!pg) return VMM_STATUS_COUNT; /* no live page with a free slot: the caller carves one */
   uint32_t slot = take_slot(pg);
   if (pg->used == pg->slots) list_remove(s, pg);
   count_slot(a, pg, +1);

@@ -195,7 +195,7 @@ static void buckets_json(jw *w, const vmm_avl *n, int *first) {
 
 
 static const char *state_json(vmm_mapping_state s) {
-  static const char *const names[] = {"live", "pooled", "freeing", "deferred", "abandoned", "paused"};
+  static const char *const names[] = {"live", "pooled", "freeing", "deferred", "abandoned", "paused", "moving"};
   return names[s];
 }
 

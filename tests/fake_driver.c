@@ -278,6 +278,12 @@ typedef struct mapping {
   unsigned access; /* bit d: device d may read and write */
 } mapping;
 
+/* Pinned host memory (cuMemHostAlloc): plain heap memory, known by its address range. */
+typedef struct host_alloc {
+  avl node; /* key = address */
+  size_t size;
+} host_alloc;
+
 typedef struct fault_rule {
   unsigned nth; /* 0 = no rule */
   unsigned long long seen;
@@ -292,8 +298,8 @@ static struct {
   size_t capacity[FAKE_MAX_DEVICES];
   size_t physical_used[FAKE_MAX_DEVICES];
   size_t retained[FAKE_MAX_DEVICES];
-  avl *reservations, *mappings;
-  hmap handles, events, capturing; /* capturing: streams set capturing */
+  avl *reservations, *mappings, *host_allocs;
+  hmap handles, events, capturing, streams; /* capturing: streams set capturing; streams: created */
   CUdeviceptr next_va;
   fault_rule rules[VMM_DRV_ENTRY_COUNT], any_rule;
   unsigned faults_fired;
@@ -838,6 +844,65 @@ static CUresult do_host_memory_available(size_t *bytes) {
   return CUDA_SUCCESS;
 }
 
+static CUresult do_mem_host_alloc(void **host, size_t bytes, unsigned flags) {
+  if (flags) return misuse(CUDA_ERROR_INVALID_VALUE, "flags %u are not 0", flags);
+  if (bytes == 0) return misuse(CUDA_ERROR_INVALID_VALUE, "0 bytes of pinned memory");
+  host_alloc *ha = xcalloc(1, sizeof *ha);
+  void *p = malloc(bytes);
+  if (!p) {
+    free(ha);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  ha->node.key = (uintptr_t)p;
+  ha->size = bytes;
+  fk.host_allocs = avl_insert(fk.host_allocs, &ha->node);
+  fk.ledger.live_host_allocs++;
+  fk.ledger.pinned_host_bytes += bytes;
+  *host = p;
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_mem_free_host(void *host) {
+  host_alloc *ha = (host_alloc *)avl_find(fk.host_allocs, (uintptr_t)host);
+  if (!ha) return misuse(CUDA_ERROR_INVALID_VALUE, "%p is not pinned memory of cuMemHostAlloc", host);
+  fk.host_allocs = avl_remove(fk.host_allocs, ha->node.key);
+  fk.ledger.live_host_allocs--;
+  fk.ledger.pinned_host_bytes -= ha->size;
+  free(host);
+  free(ha);
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_stream_create(CUstream *stream, unsigned flags) {
+  if (flags != CU_STREAM_DEFAULT && flags != CU_STREAM_NON_BLOCKING)
+    return misuse(CUDA_ERROR_INVALID_VALUE, "stream flags %u", flags);
+  uint64_t id = next_id++;
+  hmap_put(&fk.streams, id, &fk.streams); /* any non-NULL value marks the stream live */
+  fk.ledger.live_streams++;
+  *stream = (CUstream)(uintptr_t)id;
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_stream_destroy(CUstream stream) {
+  if (!hmap_del(&fk.streams, (uintptr_t)stream))
+    return misuse(CUDA_ERROR_INVALID_HANDLE, "stream %p was not created by cuStreamCreate", (void *)stream);
+  fk.ledger.live_streams--;
+  return CUDA_SUCCESS;
+}
+
+/* An asynchronous copy: on a stream of cuStreamCreate, between the mapped device range and
+ * pinned host memory (as CUDA requires for the copy to be asynchronous); done at once. */
+static CUresult do_mem_cpy_async(CUdeviceptr ptr, void *host, size_t n, CUstream stream, int to_device) {
+  if (!hmap_get(&fk.streams, (uintptr_t)stream))
+    return misuse(CUDA_ERROR_INVALID_HANDLE, "asynchronous copy on stream %p, not one of cuStreamCreate", (void *)stream);
+  CUresult r = check_stream_usable(stream);
+  if (r != CUDA_SUCCESS) return r;
+  host_alloc *ha = (host_alloc *)avl_floor(fk.host_allocs, (uintptr_t)host);
+  if (!ha || (uintptr_t)host - ha->node.key > ha->size || n > ha->size - ((uintptr_t)host - ha->node.key))
+    return misuse(CUDA_ERROR_INVALID_VALUE, "asynchronous copy of %zu B at %p: not inside pinned memory", n, host);
+  return copy_mapped(ptr, host, n, to_device);
+}
+
 static CUresult drv_init(unsigned int flags) { FAKE_CALL(init, flags, 0, do_init(flags)); }
 static CUresult drv_driver_get_version(int *version) {
   FAKE_CALL(driver_get_version, 0, 0, do_driver_get_version(version));
@@ -943,6 +1008,21 @@ static CUresult drv_mem_cpy_htod(CUdeviceptr dst, const void *src, size_t bytes)
   FAKE_CALL(mem_cpy_htod, dst, bytes, do_mem_cpy(dst, (void *)(uintptr_t)src, bytes, 1));
 }
 
+static CUresult drv_mem_host_alloc(void **host, size_t bytes, unsigned int flags) {
+  FAKE_CALL(mem_host_alloc, bytes, flags, do_mem_host_alloc(host, bytes, flags));
+}
+static CUresult drv_mem_free_host(void *host) { FAKE_CALL(mem_free_host, host, 0, do_mem_free_host(host)); }
+static CUresult drv_mem_cpy_dtoh_async(void *dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+  FAKE_CALL(mem_cpy_dtoh_async, src, bytes, do_mem_cpy_async(src, dst, bytes, stream, 0));
+}
+static CUresult drv_mem_cpy_htod_async(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream) {
+  FAKE_CALL(mem_cpy_htod_async, dst, bytes, do_mem_cpy_async(dst, (void *)(uintptr_t)src, bytes, stream, 1));
+}
+static CUresult drv_stream_create(CUstream *stream, unsigned int flags) {
+  FAKE_CALL(stream_create, flags, 0, do_stream_create(stream, flags));
+}
+static CUresult drv_stream_destroy(CUstream stream) { FAKE_CALL(stream_destroy, stream, 0, do_stream_destroy(stream)); }
+
 /* Filled from the X-macro, so a missing entry point fails to compile. */
 static const struct vmm_driver fake_table = {
     .version = VMM_DRIVER_VERSION,
@@ -979,13 +1059,20 @@ static void free_mapping_node(avl *node) {
 
 static void free_reservation_node(avl *node) { free(node); }
 
+static void free_host_alloc_node(avl *node) {
+  free((void *)(uintptr_t)node->key);
+  free(node);
+}
+
 const struct vmm_driver *fake_driver_reset(const fake_options *opts) {
   fake_options resolved = resolve_options(opts);
   pthread_mutex_lock(&fk_lock);
   avl_free(fk.mappings, free_mapping_node); /* frees released handles; live ones go with the map */
   avl_free(fk.reservations, free_reservation_node);
+  avl_free(fk.host_allocs, free_host_alloc_node);
   hmap_free(&fk.handles, 1);
   hmap_free(&fk.events, 0);
+  hmap_free(&fk.streams, 0);
   hmap_free(&fk.capturing, 0);
   free(fk.log);
   unsigned generation = fk.generation;
@@ -1078,13 +1165,15 @@ int fake_ledger_clean(void) {
   fake_ledger l;
   fake_get_ledger(&l);
   int clean = !l.live_handles && !l.live_mappings && !l.reservations && !l.live_events && !l.ctx_pushed &&
-              !l.primary_retained && !l.errors;
+              !l.primary_retained && !l.errors && !l.live_host_allocs && !l.live_streams;
   if (!clean) {
     fprintf(stderr,
             "fake_driver: not clean: %zu handles (%zu bytes), %zu mappings (%zu bytes), %zu reservations "
-            "(%zu bytes), %zu events, %zu pushed contexts, %zu retained primary contexts, %zu misuse errors\n",
+            "(%zu bytes), %zu events, %zu pushed contexts, %zu retained primary contexts, %zu misuse errors, "
+            "%zu pinned host allocations (%zu bytes), %zu streams\n",
             l.live_handles, l.live_handle_bytes, l.live_mappings, l.mapped_bytes, l.reservations, l.reserved_bytes,
-            l.live_events, l.ctx_pushed, l.primary_retained, l.errors);
+            l.live_events, l.ctx_pushed, l.primary_retained, l.errors, l.live_host_allocs, l.pinned_host_bytes,
+            l.live_streams);
     if (l.errors) fprintf(stderr, "fake_driver: first misuse: %s\n", fake_first_error());
   }
   return clean;

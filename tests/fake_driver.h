@@ -1,6 +1,7 @@
 /* A fake CUDA driver for tests: simulates granularity, physical capacity, VA reservations,
- * handles, mappings, access, streams (capture state), events and memory figures; keeps a
- * ledger of every live object and every call; injects faults at any entry point.
+ * handles, mappings, access, streams (capture state, creation), events, pinned host memory
+ * (heap memory) and memory figures; keeps a ledger of every live object and every call;
+ * injects faults at any entry point.
  * Not thread-safe by itself except where noted: one global fake, guarded by one mutex. */
 #ifndef VMMARENA_FAKE_DRIVER_H
 #define VMMARENA_FAKE_DRIVER_H
@@ -63,6 +64,8 @@ typedef struct fake_ledger {
   size_t live_mappings, mapped_bytes;     /* mapped, not unmapped */
   size_t reservations, reserved_bytes;    /* reserved, not freed */
   size_t live_events;
+  size_t live_host_allocs, pinned_host_bytes; /* cuMemHostAlloc, not freed */
+  size_t live_streams;                    /* cuStreamCreate, not destroyed */
   size_t calls;                           /* every call so far */
   size_t errors;                          /* misuse the fake detected (double release, unmap of unmapped, ...) */
   size_t ctx_pushed;                      /* push minus pop */
@@ -72,7 +75,8 @@ typedef struct fake_ledger {
 
 void fake_get_ledger(fake_ledger *out);
 /* 1 if nothing is live (handles, mappings, reservations, events, pushed contexts, retained
- * primary contexts) and no misuse was detected; otherwise 0 and prints what is left. */
+ * primary contexts, pinned host memory, created streams) and no misuse was detected; otherwise
+ * 0 and prints what is left. */
 int fake_ledger_clean(void);
 /* Text of the first misuse the fake detected, or NULL. */
 const char *fake_first_error(void);

@@ -428,11 +428,32 @@ static void scenario(void) {
     assert_int_equal(s.kind[VMM_KIND_PACKAGE].abandoned_bytes, 2 * MiB);
   }
 
+  /* Pause with a backup through the pinned staging (the copy engine's entry points) and
+   * resume; B below copies synchronously. A failed resume is retried once. */
+  vmm_tag_push("operands");
+  void *op = alloc_step(a, 0, 2 * MiB, VMM_KIND_PACKAGE, S1, VMM_OK, "package 2 MiB tagged (op)");
+  vmm_tag_pop();
+  if (op) {
+    expect(a, 0, vmm_arena_pause(a, "operands", VMM_PAUSE_BACKUP), VMM_OK, 1, "pause with backup, staged");
+    if (tu_snapshot(a).kind[VMM_KIND_PACKAGE].paused_count) {
+      vmm_status st = vmm_arena_resume(a, "operands");
+      expect(a, 0, st, VMM_OK, 1, "resume, staged");
+      if (st != VMM_OK) expect(a, 0, vmm_arena_resume(a, "operands"), VMM_OK, 1, "resume, staged, retried");
+    }
+    if (faultless) {
+      fake_ledger l;
+      fake_get_ledger(&l);
+      assert_int_equal(l.pinned_host_bytes, 0); /* the staging went with the copy */
+    }
+  }
+  free_step(a, 0, &op, S1, "free op");
+
   fake_set_integrated(1);
   vmm_config cb = tu_config();
   cb.device = 1;
   cb.headroom_bytes = 1 * GiB;
   cb.reserve_bytes = 1 * GiB;
+  cb.pause_staging = 0; /* synchronous copies: cuMemcpyDtoH and cuMemcpyHtoD */
   vmm_arena *b = create_step(&cb, "create B (integrated, headroom)");
   if (b) {
     void *x1 = alloc_step(b, 1, 4 * MiB, VMM_KIND_PACKAGE, S1, VMM_OK, "B: package 4 MiB (MemAvailable)");
@@ -541,10 +562,11 @@ static void single_unknown(void **state) { (void)state; countdown(CUDA_ERROR_UNK
 static void persistent_unknown(void **state) { (void)state; countdown(CUDA_ERROR_UNKNOWN, 1); }
 
 /* Destroy meeting a single fault at its call N: an arena holding live, pooled (an assembled
- * mapping of several handles), retained and abandoned (a mapping and an unmapped handle)
- * memory, with the stream-order event created. Whatever fails, destroy goes on; what is left
- * is exactly the failed call's object: a handle (cuMemRelease), a reservation
- * (cuMemAddressFree), an event, a pushed or retained context, or for cuMemUnmap the range it
+ * mapping of several handles), retained, abandoned (a mapping and an unmapped handle) and
+ * paused (with a backup) memory, with the stream-order event and the copy streams created.
+ * Whatever fails, destroy goes on; what is left is exactly the failed call's object: a handle
+ * (cuMemRelease), a reservation (cuMemAddressFree), an event, a copy stream, a pushed or
+ * retained context, or for cuMemUnmap the range it
  * was to unmap (one mapping per handle in it) and the reservation that still holds it (whose
  * cuMemAddressFree the fake then counts as misuse). */
 static vmm_arena *arena_with_everything(void) {
@@ -553,6 +575,10 @@ static vmm_arena *arena_with_everything(void) {
   vmm_arena *a = NULL;
   assert_int_equal(vmm_arena_create(&cfg, &a), VMM_OK);
   (void)tu_alloc(a, 4 * MiB, VMM_KIND_PACKAGE, S1);
+  vmm_tag_push("paused");
+  (void)tu_alloc(a, 2 * MiB, VMM_KIND_PACKAGE, S1);
+  vmm_tag_pop();
+  assert_int_equal(vmm_arena_pause(a, "paused", VMM_PAUSE_BACKUP), VMM_OK); /* a backup, and the copy streams */
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   void *t1 = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, S1);
   assert_int_equal(vmm_arena_free(a, t1, S1), VMM_OK);
@@ -600,7 +626,8 @@ static void destroy_meets_a_fault(void **state) {
     size_t mapped = unmap ? (size_t)failed->a1 : 0, misuse = unmap;
     if (l.live_handles != handles || l.mapped_bytes != mapped || (l.live_mappings != 0) != unmap ||
         l.reservations != reservations ||
-        l.live_events != (e == VMM_DRV_event_destroy) || l.ctx_pushed != (e == VMM_DRV_ctx_pop_current) ||
+        l.live_events != (e == VMM_DRV_event_destroy) || l.live_streams != (e == VMM_DRV_stream_destroy) ||
+        l.live_host_allocs || l.ctx_pushed != (e == VMM_DRV_ctx_pop_current) ||
         l.primary_retained != (e == VMM_DRV_primary_ctx_release) || l.errors != misuse) {
       (void)fake_ledger_clean();
       fail_msg("destroy with call %u (%s) failing left more than that call's object", n, vmm_driver_entry_name(e));

@@ -119,6 +119,12 @@ static void pages_are_kept_apart(void **state) {
   assert_int_equal(usage(a).pages, 6);
   assert_int_equal(vmm_arena_pause(a, "t", VMM_PAUSE_DISCARD), VMM_OK); /* exactly the tagged page */
   assert_int_equal(tu_snapshot(a).kind[T].paused_count, 1);
+  vmm_tag_push("t");
+  void *during = alloc_in(a, 512, T, S1, 0); /* a new page: the paused one holds no memory */
+  vmm_tag_pop();
+  assert_int_not_equal(dp(during) / (2 * MiB), dp(other[4]) / (2 * MiB));
+  assert_int_equal(fake_mapped_size_at(dp(during)), 2 * MiB);
+  free_ok(a, during, S1);
   assert_int_equal(vmm_arena_resume(a, "t"), VMM_OK);
   free_ok(a, base, S1);
   free_ok(a, other[0], S1);

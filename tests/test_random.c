@@ -571,9 +571,10 @@ static mstate state_of(vmm_mapping_state s) {
   case VMM_MAP_DEFERRED: return M_DEFERRED;
   case VMM_MAP_ABANDONED: return M_ABANDONED;
   case VMM_MAP_PAUSED: return M_PAUSED;
-  case VMM_MAP_FREEING: break;
+  case VMM_MAP_FREEING:
+  case VMM_MAP_MOVING: break;
   }
-  EXPECT(!"no mapping is mid-free between calls");
+  EXPECT(!"no mapping is mid-free or mid-copy between calls");
   return M_LIVE;
 }
 

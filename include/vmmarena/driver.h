@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define VMM_DRIVER_VERSION 3 /* 2: mem_cpy_dtoh, mem_cpy_htod appended; 3: event_query, thread_exchange_stream_capture_mode */
+#define VMM_DRIVER_VERSION 3 /* 2: mem_cpy_dtoh, mem_cpy_htod appended; 3: the staged backup copies, event_query, thread_exchange_stream_capture_mode */
 
 /* CUresult cuInit(unsigned int flags); */
 typedef CUresult (*vmm_drv_init_fn)(unsigned int flags);
@@ -97,6 +97,22 @@ typedef CUresult (*vmm_drv_mem_cpy_dtoh_fn)(void *dst, CUdeviceptr src, size_t b
 /* CUresult cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t bytes): synchronous copy from
  * host memory (resume of a backup). Since version 2. */
 typedef CUresult (*vmm_drv_mem_cpy_htod_fn)(CUdeviceptr dst, const void *src, size_t bytes);
+/* CUresult cuMemHostAlloc(void **host, size_t bytes, unsigned int flags): pinned host memory
+ * (the staging buffers of backup copies). Since version 3. */
+typedef CUresult (*vmm_drv_mem_host_alloc_fn)(void **host, size_t bytes, unsigned int flags);
+/* CUresult cuMemFreeHost(void *host): frees what cuMemHostAlloc returned. Since version 3. */
+typedef CUresult (*vmm_drv_mem_free_host_fn)(void *host);
+/* CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t bytes, CUstream stream): copy
+ * into pinned host memory, ordered on `stream`. Since version 3. */
+typedef CUresult (*vmm_drv_mem_cpy_dtoh_async_fn)(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
+/* CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream):
+ * copy from pinned host memory, ordered on `stream`. Since version 3. */
+typedef CUresult (*vmm_drv_mem_cpy_htod_async_fn)(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream);
+/* CUresult cuStreamCreate(CUstream *stream, unsigned int flags): the copy streams of the
+ * backups. Since version 3. */
+typedef CUresult (*vmm_drv_stream_create_fn)(CUstream *stream, unsigned int flags);
+/* CUresult cuStreamDestroy(CUstream stream). Since version 3. */
+typedef CUresult (*vmm_drv_stream_destroy_fn)(CUstream stream);
 
 /* CUresult cuEventQuery(CUevent event): CUDA_SUCCESS once the work before the event's record
  * is complete, CUDA_ERROR_NOT_READY before (whole-process mode: a free known complete). Since
@@ -140,6 +156,12 @@ typedef CUresult (*vmm_drv_thread_exchange_stream_capture_mode_fn)(CUstreamCaptu
   X(host_memory_available, "host_memory_available")                    \
   X(mem_cpy_dtoh, "cuMemcpyDtoH")                                      \
   X(mem_cpy_htod, "cuMemcpyHtoD")                                      \
+  X(mem_host_alloc, "cuMemHostAlloc")                                  \
+  X(mem_free_host, "cuMemFreeHost")                                    \
+  X(mem_cpy_dtoh_async, "cuMemcpyDtoHAsync")                           \
+  X(mem_cpy_htod_async, "cuMemcpyHtoDAsync")                           \
+  X(stream_create, "cuStreamCreate")                                   \
+  X(stream_destroy, "cuStreamDestroy")                                 \
   X(event_query, "cuEventQuery")                                       \
   X(thread_exchange_stream_capture_mode, "cuThreadExchangeStreamCaptureMode")
 
@@ -151,6 +173,8 @@ typedef enum vmm_driver_entry {
   VMM_DRV_ENTRY_COUNT
 } vmm_driver_entry;
 
+/* The table itself: pass one through vmm_config.driver, or NULL for vmm_driver_cuda(). It
+ * must outlive every arena created with it. */
 struct vmm_driver {
   unsigned version;                                              /* VMM_DRIVER_VERSION this table was built for */
   const char *name;                                              /* "cuda", "fake", ...: shown in messages */
@@ -184,15 +208,24 @@ struct vmm_driver {
   vmm_drv_host_memory_available_fn host_memory_available;        /* /proc/meminfo MemAvailable */
   vmm_drv_mem_cpy_dtoh_fn mem_cpy_dtoh;                          /* cuMemcpyDtoH (version 2) */
   vmm_drv_mem_cpy_htod_fn mem_cpy_htod;                          /* cuMemcpyHtoD (version 2) */
+  vmm_drv_mem_host_alloc_fn mem_host_alloc;                      /* cuMemHostAlloc (version 3) */
+  vmm_drv_mem_free_host_fn mem_free_host;                        /* cuMemFreeHost (version 3) */
+  vmm_drv_mem_cpy_dtoh_async_fn mem_cpy_dtoh_async;              /* cuMemcpyDtoHAsync (version 3) */
+  vmm_drv_mem_cpy_htod_async_fn mem_cpy_htod_async;              /* cuMemcpyHtoDAsync (version 3) */
+  vmm_drv_stream_create_fn stream_create;                        /* cuStreamCreate (version 3) */
+  vmm_drv_stream_destroy_fn stream_destroy;                      /* cuStreamDestroy (version 3) */
   vmm_drv_event_query_fn event_query;                            /* cuEventQuery (version 3) */
   vmm_drv_thread_exchange_stream_capture_mode_fn thread_exchange_stream_capture_mode; /* (version 3) */
 };
 
-/* Name of an entry point as the driver spells it ("cuMemCreate"). */
+/* Name of an entry point as the driver spells it ("cuMemCreate"; the host-memory seam is
+ * "host_memory_available"); "unknown entry point" outside the enum. A static string. */
 VMM_API const char *vmm_driver_entry_name(vmm_driver_entry entry);
 
-/* The real table, loaded from libcuda.so.1 on first use. Returns NULL where no driver is
- * found; *why (if non-NULL) then says what was missing. Thread-safe; loaded once. */
+/* The real table, loaded from libcuda.so.1 on first use (dlopen, then cuGetProcAddress for
+ * each entry point). Returns NULL where the library or an entry point is missing; *why (if
+ * non-NULL) then says which. Thread-safe; loaded once, so every call gives the same answer;
+ * the table lives as long as the process. */
 VMM_API const struct vmm_driver *vmm_driver_cuda(const char **why);
 
 #ifdef __cplusplus

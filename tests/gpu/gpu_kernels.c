@@ -85,7 +85,7 @@ int gk_init(char *why, size_t cap) {
       {"cuLaunchKernel", (void **)&gk.launch_kernel},
       {"cuStreamBeginCapture", (void **)&gk.stream_begin_capture},
       {"cuStreamEndCapture", (void **)&gk.stream_end_capture},
-      {"cuGraphInstantiate", (void **)&gk.graph_instantiate},
+      {"cuGraphInstantiateWithFlags", (void **)&gk.graph_instantiate}, /* (exec, graph, flags), as declared */
       {"cuGraphLaunch", (void **)&gk.graph_launch},
       {"cuGraphExecDestroy", (void **)&gk.graph_exec_destroy},
       {"cuGraphDestroy", (void **)&gk.graph_destroy},

@@ -1,7 +1,10 @@
 /* Pause and resume on the real driver (built and run by tests/gpu/run; needs a GPU):
  *  - a CUDA graph captured over tagged package memory replays right after pause(DISCARD),
  *    which cuMemGetInfo shows freeing the memory, then resume and a refill;
- *  - VMM_PAUSE_BACKUP restores 1 GiB bit-identically;
+ *  - VMM_PAUSE_BACKUP through the pinned staging: 4 GiB in 16 allocations come back
+ *    bit-identical over four cycles, with the freed device memory overwritten while paused;
+ *    the backups are resident while paused, and after each resume the process's resident
+ *    memory is back within 64 MiB of where it was;
  *  - a pause during a capture is refused and changes nothing;
  *  - pausing memory that a busy stream is writing waits for it: no corruption;
  *  - time per GiB of pause and resume (DISCARD, BACKUP, in a scope) against the copy
@@ -95,29 +98,83 @@ static void graph_survives_discard(vmm_arena *a, CUstream s) {
   vmm_arena_free(a, out, s);
 }
 
-static void backup_is_bit_identical(vmm_arena *a, CUstream s) {
-  const char *t = "backup_is_bit_identical";
-  void *p = tagged(a, "weights", GiB, s);
-  if (!p) {
-    gk_check(0, t, "allocating 1 GiB");
-    return;
-  }
-  gk_fill(d(p), GiB / 4, 0x5eed, s);
+/* Resident memory of the process (VmRSS), in bytes; -1 if unknown. */
+static long long rss(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long long kib = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "VmRSS: %lld kB", &kib) == 1) break;
+  if (f) fclose(f);
+  return kib < 0 ? -1 : kib * 1024;
+}
+
+/* While paused: an allocation of the same bytes takes the freed device memory and is
+ * overwritten, then freed, so that the resume cannot find the old contents in place. */
+static void overwrite_freed(vmm_arena *a, size_t bytes, CUstream s) {
+  void *q = NULL;
+  if (vmm_arena_alloc(a, bytes, VMM_KIND_PACKAGE, s, &q) != VMM_OK) return;
+  gk_fill(d(q), bytes / 4, 0xbad, s);
   gk.stream_synchronize(s);
+  vmm_arena_free(a, q, s);
+}
+
+#define PARTS 16
+#define CYCLES 4
+
+/* One cycle: pause, overwrite, resume, compare; the times into ms[0..1], the resident memory
+ * while paused into *paused. */
+static void backup_cycle(vmm_arena *a, void *const *p, size_t part, CUstream s, int cycle, double ms[2],
+                         long long *paused) {
+  const char *t = "backup_cycles_are_bit_identical";
   size_t f0 = device_free();
   double t0 = now_ms();
   vmm_status st = vmm_arena_pause(a, "weights", VMM_PAUSE_BACKUP);
   double t1 = now_ms();
+  *paused = rss();
   size_t f1 = device_free();
-  gk_check(st == VMM_OK && f1 >= f0 + GiB - 8 * MiB, t, "pause(BACKUP) frees 1 GiB (%zu -> %zu MiB free): %s", f0 / MiB,
-           f1 / MiB, st == VMM_OK ? "ok" : vmm_arena_last_error(a));
-  st = vmm_arena_resume(a, "weights");
+  gk_check(st == VMM_OK && f1 >= f0 + PARTS * part - 8 * MiB, t, "cycle %d: pause(BACKUP) frees %zu MiB (%zu -> %zu MiB free): %s",
+           cycle, PARTS * part / MiB, f0 / MiB, f1 / MiB, st == VMM_OK ? "ok" : vmm_arena_last_error(a));
+  overwrite_freed(a, PARTS * part, s);
   double t2 = now_ms();
-  long long bad = gk_first_mismatch(d(p), GiB / 4, 0x5eed, 0);
-  gk_check(st == VMM_OK && bad == -1, t, "resume restores 1 GiB bit-identically (first mismatch %lld)", bad);
-  printf("bench: BACKUP 1 GiB: pause %.1f ms (%.2f GiB/s), resume %.1f ms (%.2f GiB/s)\n", t1 - t0, 1e3 / (t1 - t0),
-         t2 - t1, 1e3 / (t2 - t1));
-  vmm_arena_free(a, p, s);
+  st = vmm_arena_resume(a, "weights");
+  double t3 = now_ms();
+  long long bad = -1;
+  size_t k = 0;
+  for (; k < PARTS && bad == -1; k++) bad = gk_first_mismatch(d(p[k]), part / 4, 0x5eed + (uint32_t)k, 0);
+  gk_check(st == VMM_OK && bad == -1, t, "cycle %d: resume restores %d x %zu MiB bit-identically (first mismatch %lld in part %zu): %s",
+           cycle, PARTS, part / MiB, bad, k - 1, st == VMM_OK ? "ok" : vmm_arena_last_error(a));
+  ms[0] = t1 - t0, ms[1] = t3 - t2;
+}
+
+static void backup_cycles_are_bit_identical(vmm_arena *a, CUstream s) {
+  const char *t = "backup_cycles_are_bit_identical";
+  const size_t part = 256 * MiB, total = PARTS * part;
+  void *p[PARTS] = {0};
+  for (int k = 0; k < PARTS; k++) {
+    if (!(p[k] = tagged(a, "weights", part, s))) {
+      gk_check(0, t, "allocating %d x %zu MiB", PARTS, part / MiB);
+      return;
+    }
+    gk_fill(d(p[k]), part / 4, 0x5eed + (uint32_t)k, s);
+  }
+  gk.stream_synchronize(s);
+  long long before = rss();
+  for (int c = 1; c <= CYCLES; c++) {
+    double ms[2];
+    long long paused = 0;
+    backup_cycle(a, p, part, s, c, ms, &paused);
+    long long after = rss();
+    gk_check(paused - before >= (long long)(total - 64 * MiB), t,
+             "cycle %d: while paused the backups are resident (RSS %+lld MiB for %zu MiB)", c, (paused - before) / (long long)MiB,
+             total / MiB);
+    gk_check(before >= 0 && after - before <= (long long)(64 * MiB), t,
+             "cycle %d: after the resume RSS is back within 64 MiB (%lld -> %lld MiB)", c, before / (long long)MiB,
+             after / (long long)MiB);
+    printf("bench: BACKUP %d x %zu MiB, cycle %d: pause %.1f ms (%.1f GB/s), resume %.1f ms (%.1f GB/s)\n", PARTS,
+           part / MiB, c, ms[0], total / ms[0] / 1e6, ms[1], total / ms[1] / 1e6);
+  }
+  for (int k = 0; k < PARTS; k++) vmm_arena_free(a, p[k], s);
 }
 
 static void capture_is_refused(vmm_arena *a, CUstream s) {
@@ -229,8 +286,8 @@ int main(void) {
     gk_check(0, "setup", "%s", vmm_create_error());
     return gk_summary("pause-gpu");
   }
+  backup_cycles_are_bit_identical(a, s);
   graph_survives_discard(a, s);
-  backup_is_bit_identical(a, s);
   capture_is_refused(a, s);
   busy_stream_is_waited_for(a, s);
   vmm_arena_destroy(a);
