@@ -18,12 +18,6 @@ static fake_ledger ledger(void) {
   return l;
 }
 
-static void free_ok(vmm_arena *a, void *p, CUstream s) {
-  vmm_status st = vmm_arena_free(a, p, s);
-  if (st != VMM_OK) fprintf(stderr, "free %p: %s: %s\n", p, vmm_status_name(st), vmm_arena_last_error(a));
-  assert_int_equal(st, VMM_OK);
-}
-
 static void *tagged(vmm_arena *a, const char *tag, size_t bytes, vmm_kind kind, CUstream s) {
   vmm_tag_push(tag);
   void *p = tu_alloc(a, bytes, kind, s);
@@ -85,7 +79,7 @@ static void deferred_free_whose_unmap_fails_is_retried(void **state) {
   vmm_arena *a = tu_arena(NULL, NULL);
   void *p = tu_alloc(a, 4 * MiB, VMM_KIND_PACKAGE, S1);
   fake_set_capturing(S1, 1);
-  free_ok(a, p, S1);
+  tu_free(a, p, S1);
   fake_set_capturing(S1, 0);
   fake_fail_nth(VMM_DRV_mem_unmap, 1, CUDA_ERROR_UNKNOWN, 0);
   size_t from = fake_call_count();
@@ -117,11 +111,11 @@ static void freed_paused_range_holds_nothing_mapped(void **state) {
   assert_int_equal(vmm_arena_resume(a, "operands"), VMM_ERR_DRIVER);
   assert_int_equal(fake_mapped_size_at(dp(p)), 2 * MiB); /* the piece the failed undo left */
   fake_clear_faults();
-  free_ok(a, p, S1);
+  tu_free(a, p, S1);
   assert_int_equal(fake_mapped_size_at(dp(p)), 0);
   tu_check(a);
   void *q = tu_alloc(a, 2 * MiB, VMM_KIND_PACKAGE, S1); /* the range is usable again */
-  free_ok(a, q, S1);
+  tu_free(a, q, S1);
   tu_destroy(a);
 }
 
@@ -134,7 +128,7 @@ static void deferred_free_waits_for_the_stream_it_was_freed_on(void **state) {
   vmm_arena *a = tu_arena(NULL, NULL);
   void *p = tu_alloc(a, 4 * MiB, VMM_KIND_PACKAGE, S1);
   fake_set_capturing(S2, 1);
-  free_ok(a, p, S2);
+  tu_free(a, p, S2);
   void *q = tu_alloc(a, 2 * MiB, VMM_KIND_PACKAGE, S1); /* a later call while S2 still captures */
   assert_int_equal(fake_mapped_size_at(dp(p)), 4 * MiB);
   fake_set_capturing(S2, 0);
@@ -144,7 +138,7 @@ static void deferred_free_waits_for_the_stream_it_was_freed_on(void **state) {
   size_t unmap = first_call_with(from, VMM_DRV_mem_unmap, dp(p));
   assert_true(sync != SIZE_MAX && unmap != SIZE_MAX && sync < unmap);
   assert_int_equal(fake_mapped_size_at(dp(p)), 0);
-  free_ok(a, q, S1);
+  tu_free(a, q, S1);
   tu_destroy(a);
 }
 
@@ -155,20 +149,18 @@ static void reuse_is_ordered_after_the_freeing_stream(void **state) {
   vmm_arena *a = tu_arena(NULL, NULL);
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   void *p = tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S1);
-  free_ok(a, p, S2);
+  tu_free(a, p, S2);
   size_t from = fake_call_count();
   assert_ptr_equal(tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S2), p);
   assert_int_equal(fake_call_count(), from);
-  free_ok(a, p, S2);
+  tu_free(a, p, S2);
   from = fake_call_count();
   assert_ptr_equal(tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S1), p);
-  size_t record = SIZE_MAX;
-  for (size_t i = from; i < fake_call_count() && record == SIZE_MAX; i++)
-    if (fake_call_at(i)->entry == VMM_DRV_event_record) record = i;
+  size_t record = tu_first_call(from, VMM_DRV_event_record);
   size_t wait = first_call_with(from, VMM_DRV_stream_wait_event, (uintptr_t)S1);
   assert_true(record != SIZE_MAX && wait != SIZE_MAX && record < wait);
   assert_int_equal(fake_call_at(record)->a1, (uintptr_t)S2);
-  free_ok(a, p, S1);
+  tu_free(a, p, S1);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   tu_destroy(a);
 }
@@ -183,7 +175,7 @@ static void deferred_free_inside_a_scope_keeps_its_handles_until_finish(void **s
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   void *p = tu_alloc(a, 4 * MiB, VMM_KIND_PACKAGE, S1);
   fake_set_capturing(S1, 1);
-  free_ok(a, p, S1);
+  tu_free(a, p, S1);
   fake_set_capturing(S1, 0);
   size_t from = fake_call_count();
   assert_int_equal(vmm_arena_quiesce(a), VMM_OK); /* completes the deferred free */
@@ -208,7 +200,7 @@ static void failed_assembly_puts_every_idle_handle_back(void **state) {
   vmm_arena *a = tu_arena(NULL, NULL);
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   void *p = tu_alloc(a, 4 * MiB, VMM_KIND_PACKAGE, S1); /* two 2 MiB handles, cut in the scope */
-  free_ok(a, p, S1);
+  tu_free(a, p, S1);
   assert_int_equal(idle_count(a), 2);
   vmm_snapshot before = tu_snapshot(a);
   fake_fail_nth(VMM_DRV_mem_map, 1, CUDA_ERROR_OUT_OF_MEMORY, 0);
@@ -227,7 +219,7 @@ static void failed_assembly_puts_every_idle_handle_back(void **state) {
   assert_int_equal(after.assembled_idle_handles, before.assembled_idle_handles + 2);
   assert_int_equal(after.assembly_created_bytes, before.assembly_created_bytes + 2 * MiB);
   assert_int_equal(idle_count(a), 0);
-  free_ok(a, q, S1);
+  tu_free(a, q, S1);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   tu_destroy(a);
 }
@@ -239,7 +231,7 @@ static void pooled_mapping_is_taken_apart_only_for_handles_the_request_uses(void
   vmm_arena *a = tu_arena(NULL, NULL);
   void *big = tu_alloc(a, 8 * MiB, VMM_KIND_TRANSIENT, S1); /* outside a scope: one 8 MiB handle */
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
-  free_ok(a, big, S1); /* pooled whole */
+  tu_free(a, big, S1); /* pooled whole */
   size_t from = fake_call_count();
   void *q = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, S1);
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 0);
@@ -249,7 +241,7 @@ static void pooled_mapping_is_taken_apart_only_for_handles_the_request_uses(void
   assert_int_equal(s.kind[VMM_KIND_TRANSIENT].pooled_bytes, 8 * MiB);
   assert_int_equal(s.kind[VMM_KIND_TRANSIENT].live_bytes, 2 * MiB);
   assert_int_equal(fake_mapped_size_at(dp(big)), 8 * MiB);
-  free_ok(a, q, S1);
+  tu_free(a, q, S1);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   tu_destroy(a);
 }
@@ -262,10 +254,10 @@ static void pooled_mapping_never_pads_a_request(void **state) {
   vmm_arena *a = tu_arena(NULL, NULL);
   void *w = tu_alloc(a, 8 * MiB, VMM_KIND_PACKAGE, S1); /* outside a scope: one 8 MiB handle */
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
-  free_ok(a, w, S1); /* an idle 8 MiB handle */
+  tu_free(a, w, S1); /* an idle 8 MiB handle */
   void *t = tu_alloc(a, 10 * MiB, VMM_KIND_TRANSIENT, S1); /* the 8 MiB handle + 2 MiB new */
   assert_int_equal(tu_snapshot(a).assembled_idle_handles, 1);
-  free_ok(a, t, S1); /* pooled: 10 MiB of handles [8 MiB, 2 MiB] */
+  tu_free(a, t, S1); /* pooled: 10 MiB of handles [8 MiB, 2 MiB] */
   vmm_snapshot before = tu_snapshot(a);
   void *q = tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S1);
   vmm_snapshot after = tu_snapshot(a);
@@ -275,7 +267,7 @@ static void pooled_mapping_never_pads_a_request(void **state) {
   assert_int_equal(after.assembly_created_bytes, before.assembly_created_bytes + 2 * MiB);
   assert_int_equal(idle_bytes(a), 8 * MiB);
   assert_int_equal(idle_count(a), 1);
-  free_ok(a, q, S1);
+  tu_free(a, q, S1);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   tu_destroy(a);
 }
@@ -294,7 +286,7 @@ static void tag_bytes_follow_pause_resume_and_free(void **state) {
   assert_int_equal(vmm_arena_resume(a, "weights"), VMM_OK);
   assert_tag(a, "weights", 1, 4 * MiB, 0, 0);
   assert_int_equal(vmm_arena_pause(a, "weights", VMM_PAUSE_DISCARD), VMM_OK);
-  free_ok(a, p, S1);
+  tu_free(a, p, S1);
   assert_tag(a, "weights", 0, 0, 0, 0);
   tu_destroy(a);
 }
@@ -318,7 +310,7 @@ static void out_of_memory_from_any_driver_call_is_recoverable(void **state) {
     assert_string_equal(fatal, "");
     assert_int_equal(tu_snapshot(a).fatal_status, VMM_OK);
     p = tu_alloc(a, 2 * MiB, VMM_KIND_PACKAGE, S1);
-    free_ok(a, p, S1);
+    tu_free(a, p, S1);
     tu_destroy(a);
   }
 }

@@ -30,22 +30,10 @@ static void *alloc_in(vmm_arena *a, size_t bytes, vmm_kind kind, CUstream s, vmm
   return p;
 }
 
-static void free_ok(vmm_arena *a, void *p, CUstream s) {
-  vmm_status st = vmm_arena_free(a, p, s);
-  if (st != VMM_OK) fprintf(stderr, "free %p: %s\n", p, vmm_arena_last_error(a));
-  assert_int_equal(st, VMM_OK);
-}
-
 static vmm_usage usage(vmm_arena *a) {
   vmm_usage u;
   assert_int_equal(vmm_arena_usage(a, &u), VMM_OK);
   return u;
-}
-
-static size_t first_call(size_t from, vmm_driver_entry e) {
-  for (size_t i = from; i < fake_call_count(); i++)
-    if (fake_call_at(i)->entry == e) return i;
-  return SIZE_MAX;
 }
 
 static CUdeviceptr dp(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
@@ -87,13 +75,13 @@ static void small_requests_share_a_page(void **state) {
   assert_int_equal(u.page_slots_used, 3);
   assert_int_equal(u.allocated_bytes, 3 * 1024);
   assert_int_equal(u.reserved_bytes, 2 * MiB);
-  free_ok(a, y, S1);
+  tu_free(a, y, S1);
   char *w = alloc_in(a, 800, T, S1, 0); /* the slot freed on its own stream, at once */
   assert_ptr_equal(w, y);
-  free_ok(a, x, S1);
-  free_ok(a, w, S1);
+  tu_free(a, x, S1);
+  tu_free(a, w, S1);
   assert_int_equal(usage(a).pages, 1);
-  free_ok(a, z, S1);
+  tu_free(a, z, S1);
   u = usage(a);
   assert_int_equal(u.pages, 0);
   assert_int_equal(u.allocated_bytes, 0);
@@ -124,14 +112,14 @@ static void pages_are_kept_apart(void **state) {
   vmm_tag_pop();
   assert_int_not_equal(dp(during) / (2 * MiB), dp(other[4]) / (2 * MiB));
   assert_int_equal(fake_mapped_size_at(dp(during)), 2 * MiB);
-  free_ok(a, during, S1);
+  tu_free(a, during, S1);
   assert_int_equal(vmm_arena_resume(a, "t"), VMM_OK);
-  free_ok(a, base, S1);
-  free_ok(a, other[0], S1);
-  free_ok(a, other[1], S2);
-  free_ok(a, other[2], S1);
-  free_ok(a, other[3], S1);
-  free_ok(a, other[4], S1);
+  tu_free(a, base, S1);
+  tu_free(a, other[0], S1);
+  tu_free(a, other[1], S2);
+  tu_free(a, other[2], S1);
+  tu_free(a, other[3], S1);
+  tu_free(a, other[4], S1);
   assert_int_equal(usage(a).pages, 0);
   tu_destroy(a);
 }
@@ -144,10 +132,10 @@ static void bad_frees_of_slots(void **state) {
   assert_int_equal(vmm_arena_free(a, x + 16, S1), VMM_ERR_UNKNOWN_POINTER);
   assert_non_null(strstr(vmm_arena_last_error(a), "no taken slot starts there"));
   assert_int_equal(vmm_arena_free(a, x + 2048, S1), VMM_ERR_UNKNOWN_POINTER); /* a free slot */
-  free_ok(a, x, S1);
+  tu_free(a, x, S1);
   assert_int_equal(vmm_arena_free(a, x, S1), VMM_ERR_UNKNOWN_POINTER); /* twice */
   assert_int_equal(usage(a).page_slots_used, 1);
-  free_ok(a, y, S1);
+  tu_free(a, y, S1);
   tu_destroy(a);
 }
 
@@ -158,15 +146,15 @@ static void exact_hit_outside_a_scope(void **state) {
   vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
   void *p = alloc_in(a, 6 * MiB, T, S1, 0);
   size_t from = fake_call_count();
-  free_ok(a, p, S1);
+  tu_free(a, p, S1);
   assert_ptr_equal(alloc_in(a, 6 * MiB, T, S1, 0), p);
   assert_int_equal(fake_call_count(), from); /* free and hit: no driver call */
-  free_ok(a, p, S1);
+  tu_free(a, p, S1);
   void *q = alloc_in(a, 6 * MiB, P, S1, 0); /* another kind: not the pooled transient */
   assert_ptr_not_equal(q, p);
-  free_ok(a, q, S1);
+  tu_free(a, q, S1);
   assert_ptr_equal(alloc_in(a, 6 * MiB, P, S1, 0), q); /* package memory is cached too */
-  free_ok(a, q, S1);
+  tu_free(a, q, S1);
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_release), 0);
   tu_destroy(a);
 }
@@ -175,16 +163,16 @@ static void cross_stream_hit_waits_on_an_event(void **state) {
   (void)state;
   vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
   void *p = alloc_in(a, 4 * MiB, T, S1, 0);
-  free_ok(a, p, S1);
+  tu_free(a, p, S1);
   size_t from = fake_call_count();
   assert_ptr_equal(alloc_in(a, 4 * MiB, T, S2, 0), p);
-  size_t record = first_call(from, VMM_DRV_event_record), wait = first_call(from, VMM_DRV_stream_wait_event);
+  size_t record = tu_first_call(from, VMM_DRV_event_record), wait = tu_first_call(from, VMM_DRV_stream_wait_event);
   assert_true(record != SIZE_MAX && wait != SIZE_MAX && record < wait);
   assert_int_equal(fake_call_at(record)->a1, (uintptr_t)S1);
   assert_int_equal(fake_call_at(wait)->a0, (uintptr_t)S2);
   assert_int_equal(fake_calls_since(from, VMM_DRV_stream_synchronize), 0); /* never a host wait */
   assert_int_equal(fake_calls_since(from, VMM_DRV_ctx_synchronize), 0);
-  free_ok(a, p, S2);
+  tu_free(a, p, S2);
   tu_destroy(a);
 }
 
@@ -195,8 +183,8 @@ static void assembly_takes_apart_only_what_is_complete(void **state) {
   (void)state;
   vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
   void *x = alloc_in(a, 4 * MiB, T, S1, 0), *y = alloc_in(a, 4 * MiB, T, S1, 0);
-  free_ok(a, x, S1);
-  free_ok(a, y, S1);
+  tu_free(a, x, S1);
+  tu_free(a, y, S1);
   fake_set_events_pending(1); /* the device is behind */
   size_t from = fake_call_count();
   void *z = alloc_in(a, 8 * MiB, T, S1, 0);
@@ -210,8 +198,8 @@ static void assembly_takes_apart_only_what_is_complete(void **state) {
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 2); /* x and y taken apart */
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 0);
   assert_int_equal(usage(a).reserved_bytes, 16 * MiB);
-  free_ok(a, z, S1);
-  free_ok(a, w, S2);
+  tu_free(a, z, S1);
+  tu_free(a, w, S2);
   fake_set_events_pending(1);
   assert_int_equal(vmm_arena_quiesce(a), VMM_OK); /* a quiesce needs no event */
   from = fake_call_count();
@@ -220,7 +208,7 @@ static void assembly_takes_apart_only_what_is_complete(void **state) {
   assert_int_equal(usage(a).reserved_bytes, 16 * MiB);
   assert_int_equal(fake_calls_since(0, VMM_DRV_stream_synchronize), 0);
   fake_set_events_pending(0);
-  free_ok(a, big, S1);
+  tu_free(a, big, S1);
   tu_destroy(a);
 }
 
@@ -232,19 +220,19 @@ static void record_stream_orders_reuse_of_a_mapping(void **state) {
   void *p = alloc_in(a, 4 * MiB, T, S1, 0);
   assert_int_equal(vmm_arena_record_stream(a, p, S2), VMM_OK);
   assert_int_equal(vmm_arena_record_stream(a, p, S2), VMM_OK); /* twice: once */
-  free_ok(a, p, S1);
+  tu_free(a, p, S1);
   size_t from = fake_call_count();
   assert_ptr_equal(alloc_in(a, 4 * MiB, T, S1, 0), p); /* its own stream, but S2 used it */
-  size_t record = first_call(from, VMM_DRV_event_record), wait = first_call(from, VMM_DRV_stream_wait_event);
+  size_t record = tu_first_call(from, VMM_DRV_event_record), wait = tu_first_call(from, VMM_DRV_stream_wait_event);
   assert_true(record != SIZE_MAX && wait != SIZE_MAX && record < wait);
   assert_int_equal(fake_call_at(record)->a1, (uintptr_t)S2);
   assert_int_equal(fake_call_at(wait)->a0, (uintptr_t)S1);
   assert_int_equal(fake_calls_since(from, VMM_DRV_event_record), 1);
-  free_ok(a, p, S1);
+  tu_free(a, p, S1);
   from = fake_call_count();
   assert_ptr_equal(alloc_in(a, 4 * MiB, T, S1, 0), p); /* the added stream was forgotten at the hit */
   assert_int_equal(fake_call_count(), from);
-  free_ok(a, p, S1);
+  tu_free(a, p, S1);
   assert_int_equal(vmm_arena_record_stream(a, p, S2), VMM_ERR_UNKNOWN_POINTER);
   tu_destroy(a);
 }
@@ -256,8 +244,8 @@ static void record_stream_orders_reuse_of_a_slot(void **state) {
   char *keep = alloc_in(a, 512, T, S1, 0);
   assert_int_equal(vmm_arena_record_stream(a, x, S2), VMM_OK);
   size_t from = fake_call_count();
-  free_ok(a, x, S1);
-  size_t record = first_call(from, VMM_DRV_event_record);
+  tu_free(a, x, S1);
+  size_t record = tu_first_call(from, VMM_DRV_event_record);
   assert_true(record != SIZE_MAX);
   assert_int_equal(fake_call_at(record)->a1, (uintptr_t)S2);
   uintptr_t event = fake_call_at(record)->a0;
@@ -265,13 +253,13 @@ static void record_stream_orders_reuse_of_a_slot(void **state) {
   assert_int_equal(vmm_arena_free(a, x, S1), VMM_ERR_UNKNOWN_POINTER);
   from = fake_call_count();
   char *y = alloc_in(a, 512, T, S1, 0);
-  size_t wait = first_call(from, VMM_DRV_stream_wait_event);
+  size_t wait = tu_first_call(from, VMM_DRV_stream_wait_event);
   assert_true(wait != SIZE_MAX);
   assert_int_equal(fake_call_at(wait)->a0, (uintptr_t)S1);
   assert_int_equal(fake_call_at(wait)->a1, event);
   assert_ptr_equal(y, x); /* given back once ordered, and taken first */
-  free_ok(a, y, S1);
-  free_ok(a, keep, S1);
+  tu_free(a, y, S1);
+  tu_free(a, keep, S1);
   assert_int_equal(usage(a).pages, 0);
   tu_destroy(a);
 }
@@ -283,13 +271,13 @@ static void a_pool_keeps_its_memory(void **state) {
   vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
   void *g = alloc_in(a, 6 * MiB, T, S1, 7);
   void *gs = alloc_in(a, 512, T, S1, 7);
-  free_ok(a, g, S1);
-  free_ok(a, gs, S1);
+  tu_free(a, g, S1);
+  tu_free(a, gs, S1);
   void *e = alloc_in(a, 6 * MiB, T, S1, 0); /* eager: not the graph's */
   assert_ptr_not_equal(e, g);
   assert_ptr_equal(alloc_in(a, 6 * MiB, T, S1, 7), g); /* the graph's, again */
-  free_ok(a, g, S1);
-  free_ok(a, e, S1);
+  tu_free(a, g, S1);
+  tu_free(a, e, S1);
   size_t from = fake_call_count();
   assert_int_equal(vmm_arena_release_pool(a, 7), VMM_OK);
   assert_int_equal(fake_calls_since(from, VMM_DRV_ctx_synchronize), 1); /* its last replay is over */
@@ -299,8 +287,8 @@ static void a_pool_keeps_its_memory(void **state) {
   assert_int_equal(vmm_arena_alloc_in(a, 4096, T, S1, 7, &p), VMM_ERR_INVALID_ARGUMENT);
   assert_null(p);
   assert_int_equal(vmm_arena_release_pool(a, VMM_POOL_SHARED), VMM_ERR_INVALID_ARGUMENT);
-  free_ok(a, x, S1);
-  free_ok(a, y, S1);
+  tu_free(a, x, S1);
+  tu_free(a, y, S1);
   tu_destroy(a);
 }
 
@@ -309,8 +297,8 @@ static void a_graph_pool_is_never_taken_apart(void **state) {
   (void)state;
   vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
   void *x = alloc_in(a, 4 * MiB, T, S1, 7), *y = alloc_in(a, 4 * MiB, T, S1, 7);
-  free_ok(a, x, S1);
-  free_ok(a, y, S1);
+  tu_free(a, x, S1);
+  tu_free(a, y, S1);
   assert_int_equal(vmm_arena_quiesce(a), VMM_OK); /* complete: only the pool keeps them apart */
   size_t from = fake_call_count();
   void *z = alloc_in(a, 8 * MiB, T, S1, 0);
@@ -319,8 +307,8 @@ static void a_graph_pool_is_never_taken_apart(void **state) {
   assert_int_equal(usage(a).reserved_bytes, 16 * MiB);
   void *x2 = alloc_in(a, 4 * MiB, T, S1, 7);
   assert_true(x2 == x || x2 == y); /* still the pool's */
-  free_ok(a, x2, S1);
-  free_ok(a, z, S1);
+  tu_free(a, x2, S1);
+  tu_free(a, z, S1);
   tu_destroy(a);
 }
 
@@ -334,9 +322,9 @@ static void frees_during_a_capture(void **state) {
   assert_int_equal(vmm_arena_capture_begin(a, 3), VMM_OK);
   fake_set_capturing(S1, 1);
   void *g = alloc_in(a, 4 * MiB, T, S1, 3);
-  free_ok(a, g, S1);
+  tu_free(a, g, S1);
   assert_ptr_equal(alloc_in(a, 4 * MiB, T, S1, 3), g); /* within the capture */
-  free_ok(a, eager, S1);
+  tu_free(a, eager, S1);
   vmm_snapshot s = tu_snapshot(a);
   assert_int_equal(s.deferred_frees, 1);
   assert_int_equal(fake_calls_since(0, VMM_DRV_stream_synchronize), 0);
@@ -348,10 +336,10 @@ static void frees_during_a_capture(void **state) {
   assert_ptr_equal(alloc_in(a, 4 * MiB, T, S1, 0), eager); /* pooled once the capture is over */
   assert_int_equal(fake_calls_since(0, VMM_DRV_stream_synchronize), 0);
   size_t from = fake_call_count();
-  free_ok(a, eager, S1);
+  tu_free(a, eager, S1);
   assert_int_equal(fake_call_count(), from);
-  free_ok(a, g, S1);
-  free_ok(a, again, S1);
+  tu_free(a, g, S1);
+  tu_free(a, again, S1);
   assert_int_equal(vmm_arena_capture_begin(a, VMM_POOL_SHARED), VMM_ERR_INVALID_ARGUMENT);
   tu_destroy(a);
 }
@@ -370,15 +358,15 @@ static void calls_during_a_capture_are_relaxed(void **state) {
   assert_int_equal(fake_calls_since(from, VMM_DRV_thread_exchange_stream_capture_mode), 4); /* relax, restore */
   assert_int_equal(fake_call_at(from)->entry, VMM_DRV_thread_exchange_stream_capture_mode);
   assert_int_equal(fake_call_at(from)->a0, CU_STREAM_CAPTURE_MODE_RELAXED);
-  free_ok(a, g, S1);
-  free_ok(a, s, S1);
+  tu_free(a, g, S1);
+  tu_free(a, s, S1);
   fake_set_capturing(S1, 0);
   assert_int_equal(vmm_arena_capture_end(a, 4), VMM_OK);
   fake_ledger l;
   fake_get_ledger(&l);
   assert_int_equal(l.errors, 0); /* no unsafe call outside relaxed mode */
   from = fake_call_count();
-  free_ok(a, alloc_in(a, 512, T, S2, 0), S2); /* no capture underway: the mode is left alone */
+  tu_free(a, alloc_in(a, 512, T, S2, 0), S2); /* no capture underway: the mode is left alone */
   assert_int_equal(fake_calls_since(from, VMM_DRV_thread_exchange_stream_capture_mode), 0);
   fake_set_strict_capture(0);
   tu_destroy(a);
@@ -391,8 +379,8 @@ static void empty_cache_releases_outside_a_scope_only(void **state) {
   vmm_arena *a = process_arena(0, VMM_RETAIN_ON);
   void *live = alloc_in(a, 2 * MiB, T, S1, 0);
   void *p = alloc_in(a, 4 * MiB, T, S1, 0), *s = alloc_in(a, 512, T, S2, 0);
-  free_ok(a, p, S1);
-  free_ok(a, s, S2);
+  tu_free(a, p, S1);
+  tu_free(a, s, S2);
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   size_t from = fake_call_count();
   assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
@@ -400,13 +388,13 @@ static void empty_cache_releases_outside_a_scope_only(void **state) {
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   assert_int_equal(usage(a).reserved_bytes, 2 * MiB);
   void *q = alloc_in(a, 4 * MiB, T, S1, 0);
-  free_ok(a, q, S1);
+  tu_free(a, q, S1);
   assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
   fake_ledger l;
   fake_get_ledger(&l);
   assert_int_equal(l.live_handle_bytes, 2 * MiB); /* only the live allocation */
   assert_int_equal(usage(a).cached_bytes, 0);
-  free_ok(a, live, S1);
+  tu_free(a, live, S1);
   tu_destroy(a);
 }
 
@@ -415,8 +403,8 @@ static void refused_memory_releases_the_cache(void **state) {
   (void)state;
   vmm_arena *a = process_arena(10 * MiB, VMM_RETAIN_AUTO);
   void *x = alloc_in(a, 4 * MiB, T, S1, 0), *y = alloc_in(a, 4 * MiB, T, S1, 0);
-  free_ok(a, x, S1);
-  free_ok(a, y, S1);
+  tu_free(a, x, S1);
+  tu_free(a, y, S1);
   fake_set_events_pending(1); /* not known complete: the pool cannot be taken apart */
   void *z = alloc_in(a, 10 * MiB, T, S1, 0);
   fake_set_events_pending(0);
@@ -428,7 +416,7 @@ static void refused_memory_releases_the_cache(void **state) {
   assert_int_equal(vmm_arena_alloc_in(a, 2 * MiB, T, S1, 0, &w), VMM_ERR_OUT_OF_MEMORY); /* nothing cached left */
   assert_non_null(strstr(vmm_arena_last_error(a), "limit"));
   assert_int_equal(usage(a).refusals, 1);
-  free_ok(a, z, S1);
+  tu_free(a, z, S1);
   tu_destroy(a);
 }
 
@@ -439,7 +427,7 @@ static void usage_and_peaks(void **state) {
   vmm_usage u = usage(a);
   assert_int_equal(u.allocated_bytes, 4 * MiB + 512);
   assert_int_equal(u.allocations, 2);
-  free_ok(a, x, S1);
+  tu_free(a, x, S1);
   u = usage(a);
   assert_int_equal(u.allocated_bytes, 512);
   assert_int_equal(u.allocated_peak_bytes, 4 * MiB + 512);
@@ -451,7 +439,7 @@ static void usage_and_peaks(void **state) {
   assert_int_equal(u.reserved_peak_bytes, 6 * MiB);
   assert_int_equal(u.alloc_count, 2);
   assert_int_equal(u.free_count, 1);
-  free_ok(a, s, S1);
+  tu_free(a, s, S1);
   assert_int_equal(vmm_arena_usage(a, NULL), VMM_ERR_INVALID_ARGUMENT);
   assert_int_equal(vmm_arena_usage(NULL, &u), VMM_ERR_INVALID_ARGUMENT);
   tu_destroy(a);

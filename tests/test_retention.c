@@ -27,11 +27,6 @@ static fake_ledger ledger(void) {
   return l;
 }
 
-static void free_ok(vmm_arena *a, void *p, CUstream s) {
-  vmm_status st = vmm_arena_free(a, p, s);
-  if (st != VMM_OK) fprintf(stderr, "free %p: %s: %s\n", p, vmm_status_name(st), vmm_arena_last_error(a));
-  assert_int_equal(st, VMM_OK);
-}
 
 static void *transient(vmm_arena *a, size_t bytes) { return tu_alloc(a, bytes, VMM_KIND_TRANSIENT, S1); }
 
@@ -45,13 +40,6 @@ static size_t calls_with(size_t from, vmm_driver_entry e, uintptr_t a0) {
   return n;
 }
 
-/* Index of the first call of `e` at or after `from`, or SIZE_MAX. */
-static size_t first_call(size_t from, vmm_driver_entry e) {
-  size_t end = fake_call_count();
-  for (size_t i = from; i < end; i++)
-    if (fake_call_at(i)->entry == e) return i;
-  return SIZE_MAX;
-}
 
 /* The (ptr, size) of every cuMemUnmap from `from` on, in order; returns how many. */
 static size_t unmaps_since(size_t from, CUdeviceptr *base, size_t *size, size_t cap) {
@@ -190,7 +178,7 @@ static void twelve_warmups_create_memory_once(void **state) {
       for (int j = 0; j < N; j++) seen += p[i] == first[j] && round_up(sizes[i]) == round_up(sizes[j]);
       assert_true(seen >= 1);
     }
-    for (int i = 0; i < N; i++) free_ok(a, p[i], S1);
+    for (int i = 0; i < N; i++) tu_free(a, p[i], S1);
     if (w == 0) creates_after_first = ledger().calls_by_entry[VMM_DRV_mem_create];
     assert_int_equal(ledger().calls_by_entry[VMM_DRV_mem_create], creates_after_first);
   }
@@ -232,7 +220,7 @@ static void scope_state_rules(void **state) {
   /* A new scope after finish works and pools; after abort, another one starts clean. */
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   void *t = transient(a, 4 * MiB);
-  free_ok(a, t, S1);
+  tu_free(a, t, S1);
   assert_int_equal(tu_snapshot(a).retained_reusable_handles, 2); /* its two handles */
   assert_int_equal(vmm_retention_abort(a), VMM_OK);
   assert_int_equal(vmm_retention_abort(a), VMM_ERR_SCOPE_STATE);
@@ -242,7 +230,7 @@ static void scope_state_rules(void **state) {
   assert_ptr_not_equal(u, t); /* the abandoned mapping is never handed out again, nor its handles */
   assert_int_equal(ledger().calls_by_entry[VMM_DRV_mem_create], creates + 2);
   assert_int_equal(tu_snapshot(a).assemblies, 0);
-  free_ok(a, u, S1);
+  tu_free(a, u, S1);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
 
   vmm_snapshot s = tu_snapshot(a);
@@ -280,7 +268,7 @@ static void finish_drains_pool_shapes(void **state) {
     assert_int_equal(vmm_retention_begin(a), VMM_OK);
     void *p[8];
     for (size_t i = 0; i < shape->count; i++) p[i] = transient(a, shape->sizes[i]);
-    for (size_t i = 0; i < shape->count; i++) free_ok(a, p[i], S1);
+    for (size_t i = 0; i < shape->count; i++) tu_free(a, p[i], S1);
     int pooled[8];
     for (size_t i = 0; i < shape->count; i++) pooled[i] = 1;
     void *taken = NULL;
@@ -331,7 +319,7 @@ static void finish_drains_pool_shapes(void **state) {
     tu_check(a);
     if (taken) {
       from = fake_call_count();
-      free_ok(a, taken, S1);
+      tu_free(a, taken, S1);
       assert_int_equal(calls_with(from, VMM_DRV_mem_unmap, dp(taken)), 1);
       assert_int_equal(fake_calls_since(from, VMM_DRV_mem_release), 1);
     }
@@ -345,8 +333,8 @@ static void finish_unmaps_two_of_one_size_once_each(void **state) {
   vmm_arena *a = tu_arena(NULL, NULL);
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   void *x = transient(a, 4 * MiB), *y = transient(a, 4 * MiB);
-  free_ok(a, x, S1);
-  free_ok(a, y, S1);
+  tu_free(a, x, S1);
+  tu_free(a, y, S1);
   size_t from = fake_call_count();
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   assert_int_equal(calls_with(from, VMM_DRV_mem_unmap, dp(x)), 1);
@@ -366,10 +354,10 @@ static vmm_arena *two_bucket_pool(void **y, void **x2, void **x1) {
   *x1 = transient(a, 2 * MiB);
   *y = transient(a, 8 * MiB);
   *x2 = transient(a, 2 * MiB);
-  free_ok(a, pkg, S1);
-  free_ok(a, *x1, S1);
-  free_ok(a, *y, S1);
-  free_ok(a, *x2, S1);
+  tu_free(a, pkg, S1);
+  tu_free(a, *x1, S1);
+  tu_free(a, *y, S1);
+  tu_free(a, *x2, S1);
   return a;
 }
 
@@ -472,13 +460,13 @@ static void abort_makes_no_driver_call(void **state) {
   void *t6 = transient(a, 6 * MiB), *t8 = transient(a, 8 * MiB);
   void *retained = tu_alloc(a, 10 * MiB, VMM_KIND_PACKAGE, S1);
   void *pkg = tu_alloc(a, 12 * MiB, VMM_KIND_PACKAGE, S1);
-  free_ok(a, pooled, S1);
-  free_ok(a, retained, S1);
+  tu_free(a, pooled, S1);
+  tu_free(a, retained, S1);
   size_t calls = fake_call_count();
   assert_int_equal(vmm_retention_abort(a), VMM_OK);
-  free_ok(a, t6, S1);
-  free_ok(a, t8, S1);
-  free_ok(a, pkg, S1);
+  tu_free(a, t6, S1);
+  tu_free(a, t8, S1);
+  tu_free(a, pkg, S1);
   assert_int_equal(vmm_arena_free(a, t6, S1), VMM_ERR_UNKNOWN_POINTER);
   assert_non_null(strstr(vmm_arena_last_error(a), "abandoned"));
   assert_int_equal(fake_call_count(), calls);
@@ -508,8 +496,8 @@ static void package_free_in_scope_defers_release(void **state) {
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   void *p = tu_alloc(a, 6 * MiB, VMM_KIND_PACKAGE, S2);
   size_t from = fake_call_count();
-  free_ok(a, p, S2);
-  size_t sync = first_call(from, VMM_DRV_stream_synchronize), unmap = first_call(from, VMM_DRV_mem_unmap);
+  tu_free(a, p, S2);
+  size_t sync = tu_first_call(from, VMM_DRV_stream_synchronize), unmap = tu_first_call(from, VMM_DRV_mem_unmap);
   assert_true(sync != SIZE_MAX && unmap != SIZE_MAX);
   assert_true(sync < unmap);
   assert_int_equal(fake_call_at(sync)->a0, (uintptr_t)S2);
@@ -541,8 +529,8 @@ static void package_alloc_never_takes_a_pooled_mapping_whole(void **state) {
   vmm_arena *a = tu_arena(NULL, NULL);
   void *t = transient(a, 4 * MiB), *u = transient(a, 4 * MiB);
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
-  free_ok(a, t, S1);
-  free_ok(a, u, S1); /* the head of the 4 MiB bucket */
+  tu_free(a, t, S1);
+  tu_free(a, u, S1); /* the head of the 4 MiB bucket */
   size_t creates = ledger().calls_by_entry[VMM_DRV_mem_create];
   void *p = tu_alloc(a, 4 * MiB, VMM_KIND_PACKAGE, S1);
   assert_ptr_not_equal(p, u);
@@ -569,8 +557,8 @@ static void package_alloc_never_takes_a_pooled_mapping_whole(void **state) {
   assert_int_equal(s.fatal_status, VMM_OK);
   assert_int_equal(fake_mapped_size_at(dp(t)), 4 * MiB);
   assert_ptr_equal(transient(a, 4 * MiB), t); /* the transient still gets it whole */
-  free_ok(a, t, S1);
-  free_ok(a, p, S1);
+  tu_free(a, t, S1);
+  tu_free(a, p, S1);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   tu_destroy(a);
 }
@@ -582,7 +570,7 @@ static void live_mappings_survive_finish(void **state) {
   void *t = transient(a, 4 * MiB);
   void *p = tu_alloc(a, 2 * MiB, VMM_KIND_PACKAGE, S1);
   void *idle = transient(a, 8 * MiB);
-  free_ok(a, idle, S1);
+  tu_free(a, idle, S1);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   assert_int_equal(tu_mapped_from(t, 4 * MiB), 4 * MiB);
   assert_int_equal(fake_mapped_size_at(dp(p)), 2 * MiB);
@@ -592,11 +580,11 @@ static void live_mappings_survive_finish(void **state) {
   assert_int_equal(s.kind[VMM_KIND_PACKAGE].live_count, 1);
   assert_int_equal(s.physical_bytes, 6 * MiB);
   size_t from = fake_call_count();
-  free_ok(a, t, S1); /* outside any scope: synchronized, unmapped and released at once */
+  tu_free(a, t, S1); /* outside any scope: synchronized, unmapped and released at once */
   assert_int_equal(calls_with(from, VMM_DRV_mem_unmap, dp(t)), 1);
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_release), 2); /* its two handles */
   assert_int_equal(tu_snapshot(a).retained_reusable_handles, 0);
-  free_ok(a, p, S1);
+  tu_free(a, p, S1);
   assert_int_equal(ledger().live_handles, 0);
   tu_destroy(a);
 }
@@ -614,15 +602,15 @@ static void retention_off_is_bookkeeping(void **state) {
   void *t = transient(a, 4 * MiB);
   void *p = tu_alloc(a, 4 * MiB, VMM_KIND_PACKAGE, S1);
   size_t from = fake_call_count();
-  free_ok(a, t, S1);
-  free_ok(a, p, S1);
+  tu_free(a, t, S1);
+  tu_free(a, p, S1);
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_release), 2);
   vmm_snapshot s = tu_snapshot(a);
   assert_int_equal(s.retained_reusable_handles, 0);
   assert_int_equal(s.kind[VMM_KIND_PACKAGE].idle_count, 0);
   assert_int_equal(s.physical_bytes, 0);
   size_t creates = ledger().calls_by_entry[VMM_DRV_mem_create];
-  free_ok(a, transient(a, 4 * MiB), S1);
+  tu_free(a, transient(a, 4 * MiB), S1);
   assert_int_equal(ledger().calls_by_entry[VMM_DRV_mem_create], creates + 1);
   assert_int_equal(tu_snapshot(a).pool_hits, 0);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
@@ -642,7 +630,7 @@ static void retention_auto_follows_integrated(void **state) {
     assert_int_equal(s.integrated, integrated);
     assert_int_equal(s.retention_enabled, integrated);
     assert_int_equal(vmm_retention_begin(a), VMM_OK);
-    free_ok(a, transient(a, 2 * MiB), S1);
+    tu_free(a, transient(a, 2 * MiB), S1);
     assert_int_equal(tu_snapshot(a).retained_reusable_handles, (uint64_t)integrated);
     assert_int_equal(vmm_retention_finish(a), VMM_OK);
     tu_destroy(a);
@@ -660,7 +648,7 @@ static void oom_falls_back_to_larger_pooled(void **state) {
   void *t8 = transient(a, 8 * MiB);
   void *p = tu_alloc(a, 8 * MiB, VMM_KIND_PACKAGE, S1);
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
-  free_ok(a, t8, S1);
+  tu_free(a, t8, S1);
   void *t4 = transient(a, 4 * MiB);
   assert_ptr_equal(t4, t8);
   vmm_snapshot s = tu_snapshot(a);
@@ -671,10 +659,10 @@ static void oom_falls_back_to_larger_pooled(void **state) {
   assert_int_equal(s.assemblies + s.padded_assemblies, 0);
   assert_int_equal(s.kind[VMM_KIND_TRANSIENT].live_bytes, 8 * MiB);
   assert_int_equal(s.fatal_status, VMM_OK);
-  free_ok(a, t4, S1);
+  tu_free(a, t4, S1);
   assert_int_equal(tu_snapshot(a).retained_reusable_bytes, 8 * MiB);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
-  free_ok(a, p, S1);
+  tu_free(a, p, S1);
   tu_destroy(a);
 }
 
@@ -691,9 +679,9 @@ static void assembles_three_idle_mappings(void **state) {
   n += handles_of(a, t4, h + n, 6 - n);
   n += handles_of(a, t6, h + n, 6 - n);
   assert_int_equal(n, 6);
-  free_ok(a, t2, S1);
-  free_ok(a, t4, S1);
-  free_ok(a, t6, S1);
+  tu_free(a, t2, S1);
+  tu_free(a, t4, S1);
+  tu_free(a, t6, S1);
   size_t creates = ledger().calls_by_entry[VMM_DRV_mem_create];
   void *s12 = transient(a, 12 * MiB);
   vmm_snapshot s = tu_snapshot(a);
@@ -728,19 +716,19 @@ static void assembles_three_idle_mappings(void **state) {
   assert_non_null(strstr(json, want));
   assert_non_null(strstr(json, "\"handles\":6"));
 
-  free_ok(a, s12, S1); /* pools one mapping of the full extent */
+  tu_free(a, s12, S1); /* pools one mapping of the full extent */
   s = tu_snapshot(a);
   assert_int_equal(s.kind[VMM_KIND_TRANSIENT].pooled_count, 1);
   assert_int_equal(s.kind[VMM_KIND_TRANSIENT].pooled_bytes, 12 * MiB);
   assert_int_equal(s.retained_reusable_bytes, 12 * MiB);
   assert_int_equal(s.pool_buckets, 1);
   assert_ptr_equal(transient(a, 12 * MiB), s12); /* and an exact request takes it whole */
-  free_ok(a, s12, S1);
+  tu_free(a, s12, S1);
 
   size_t from = fake_call_count();
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 1);
-  const fake_call *unmap = fake_call_at(first_call(from, VMM_DRV_mem_unmap));
+  const fake_call *unmap = fake_call_at(tu_first_call(from, VMM_DRV_mem_unmap));
   assert_int_equal(unmap->a0, dp(s12));
   assert_int_equal(unmap->a1, 12 * MiB);
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_release), 6);
@@ -761,7 +749,7 @@ static void oom_with_nothing_fitting_is_recoverable(void **state) {
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   void *t2 = transient(a, 2 * MiB);
   void *p = tu_alloc(a, 6 * MiB, VMM_KIND_PACKAGE, S1);
-  free_ok(a, t2, S1);
+  tu_free(a, t2, S1);
   arena_view before = view(a);
   void *q = (void *)1;
   assert_int_equal(vmm_arena_alloc(a, 8 * MiB, VMM_KIND_TRANSIENT, S1, &q), VMM_ERR_OUT_OF_MEMORY);
@@ -781,7 +769,7 @@ static void oom_with_nothing_fitting_is_recoverable(void **state) {
   assert_views_equal(&before, &after);
   assert_int_equal(fake_mapped_size_at(dp(t2)), 2 * MiB);
   /* Once memory is given back, the same request succeeds from it. */
-  free_ok(a, p, S1);
+  tu_free(a, p, S1);
   size_t creates = ledger().calls_by_entry[VMM_DRV_mem_create];
   q = transient(a, 8 * MiB);
   assert_int_equal(ledger().calls_by_entry[VMM_DRV_mem_create], creates);
@@ -789,9 +777,9 @@ static void oom_with_nothing_fitting_is_recoverable(void **state) {
   assert_int_equal(s.assemblies, 1);
   assert_int_equal(s.assembled_idle_handles, 4);
   assert_int_equal(s.limit_refusals, 1);
-  free_ok(a, q, S1);
+  tu_free(a, q, S1);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
-  free_ok(a, transient(a, 8 * MiB), S1);
+  tu_free(a, transient(a, 8 * MiB), S1);
   assert_int_equal(vmm_arena_fatal_error(a, NULL), VMM_OK);
   tu_destroy(a);
 }
@@ -813,10 +801,10 @@ static void assembly_failure_restores_pool(void **state) {
     assert_int_equal(vmm_retention_begin(a), VMM_OK);
     void *x1 = transient(a, 2 * MiB), *x2 = transient(a, 2 * MiB);
     void *t4 = transient(a, 4 * MiB), *t6 = transient(a, 6 * MiB);
-    free_ok(a, x1, S1);
-    free_ok(a, x2, S1);
-    free_ok(a, t4, S1);
-    free_ok(a, t6, S1);
+    tu_free(a, x1, S1);
+    tu_free(a, x2, S1);
+    tu_free(a, t4, S1);
+    tu_free(a, t6, S1);
     arena_view before = view(a);
     vmm_snapshot s0 = tu_snapshot(a);
     /* 14 MiB: t6, t4, x2 and x1 taken apart (four unmaps), seven handles mapped. */
@@ -856,11 +844,11 @@ static void reuse_on_other_stream_waits_on_event(void **state) {
   vmm_arena *a = tu_arena(NULL, NULL);
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   void *p = tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S1);
-  free_ok(a, p, S1);
+  tu_free(a, p, S1);
   size_t from = fake_call_count();
   void *q = tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S2);
   assert_ptr_equal(q, p);
-  size_t record = first_call(from, VMM_DRV_event_record), wait = first_call(from, VMM_DRV_stream_wait_event);
+  size_t record = tu_first_call(from, VMM_DRV_event_record), wait = tu_first_call(from, VMM_DRV_stream_wait_event);
   assert_true(record != SIZE_MAX && wait != SIZE_MAX);
   assert_true(record < wait);
   uintptr_t event = fake_call_at(record)->a0;
@@ -870,7 +858,7 @@ static void reuse_on_other_stream_waits_on_event(void **state) {
   assert_int_equal(fake_calls_since(from, VMM_DRV_stream_synchronize), 0);
   assert_int_equal(fake_calls_since(from, VMM_DRV_ctx_synchronize), 0);
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 0);
-  free_ok(a, q, S2);
+  tu_free(a, q, S2);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   tu_destroy(a);
 }
@@ -883,20 +871,20 @@ static void reuse_after_an_earlier_quiesce_still_waits_on_event(void **state) {
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
   void *p = tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S1);
-  free_ok(a, p, S1);
+  tu_free(a, p, S1);
   size_t from = fake_call_count();
   assert_ptr_equal(tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S2), p);
-  size_t record = first_call(from, VMM_DRV_event_record), wait = first_call(from, VMM_DRV_stream_wait_event);
+  size_t record = tu_first_call(from, VMM_DRV_event_record), wait = tu_first_call(from, VMM_DRV_stream_wait_event);
   assert_true(record != SIZE_MAX && wait != SIZE_MAX && record < wait);
   assert_int_equal(fake_call_at(record)->a1, (uintptr_t)S1);
   assert_int_equal(fake_call_at(wait)->a0, (uintptr_t)S2);
-  free_ok(a, p, S2);
+  tu_free(a, p, S2);
   /* A second quiesce orders that free: the next cross-stream hit needs no event. */
   assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
   from = fake_call_count();
   assert_ptr_equal(tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S1), p);
   assert_int_equal(fake_call_count(), from);
-  free_ok(a, p, S1);
+  tu_free(a, p, S1);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   tu_destroy(a);
 }
@@ -909,10 +897,10 @@ static void finish_after_an_earlier_quiesce_still_waits_for_the_freeing_stream(v
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
   void *p = tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S2);
-  free_ok(a, p, S2);
+  tu_free(a, p, S2);
   size_t from = fake_call_count();
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
-  size_t sync = first_call(from, VMM_DRV_stream_synchronize), unmap = first_call(from, VMM_DRV_mem_unmap);
+  size_t sync = tu_first_call(from, VMM_DRV_stream_synchronize), unmap = tu_first_call(from, VMM_DRV_mem_unmap);
   assert_true(sync != SIZE_MAX && unmap != SIZE_MAX && sync < unmap);
   assert_int_equal(fake_call_at(sync)->a0, (uintptr_t)S2);
   assert_int_equal(fake_call_at(unmap)->a0, dp(p));
@@ -924,11 +912,11 @@ static void hit_on_same_stream_makes_no_driver_call(void **state) {
   vmm_arena *a = tu_arena(NULL, NULL);
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   void *p = transient(a, 4 * MiB);
-  free_ok(a, p, S1);
+  tu_free(a, p, S1);
   size_t calls = fake_call_count();
   for (int i = 0; i < 3; i++) {
     assert_ptr_equal(transient(a, 4 * MiB), p);
-    free_ok(a, p, S1);
+    tu_free(a, p, S1);
   }
   assert_int_equal(fake_call_count(), calls);
   assert_int_equal(tu_snapshot(a).pool_hits, 3);
@@ -944,7 +932,7 @@ static void capturing_stream_reuses_only_its_own(void **state) {
   vmm_arena *a = tu_arena(NULL, NULL);
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   void *p = tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S1);
-  free_ok(a, p, S1);
+  tu_free(a, p, S1);
   fake_set_capturing(S2, 1);
 
   /* From the capturing stream, p (freed on S1) is no hit; its handles are assembled into a
@@ -966,13 +954,13 @@ static void capturing_stream_reuses_only_its_own(void **state) {
 
   /* A free and a take on the capturing stream itself: reuse, no driver call. */
   size_t calls = fake_call_count();
-  free_ok(a, q, S2);
+  tu_free(a, q, S2);
   assert_ptr_equal(tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S2), q);
   assert_int_equal(fake_call_count(), calls);
 
   /* From another stream, the mapping freed on the capturing stream is neither a hit nor taken
    * apart: new memory, and q stays pooled and mapped. */
-  free_ok(a, q, S2);
+  tu_free(a, q, S2);
   from = fake_call_count();
   creates = ledger().calls_by_entry[VMM_DRV_mem_create];
   void *r = tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S1);
@@ -986,7 +974,7 @@ static void capturing_stream_reuses_only_its_own(void **state) {
   s = tu_snapshot(a);
   assert_int_equal(s.pooled_taken_apart, 1);
   assert_int_equal(s.kind[VMM_KIND_TRANSIENT].pooled_count, 1);
-  free_ok(a, r, S1);
+  tu_free(a, r, S1);
   assert_int_equal(ledger().errors, 0);
   fake_set_capturing(S2, 0);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
@@ -998,12 +986,12 @@ static void reuse_after_quiesce_needs_no_event(void **state) {
   vmm_arena *a = tu_arena(NULL, NULL);
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   void *p = tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S1);
-  free_ok(a, p, S1);
+  tu_free(a, p, S1);
   assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
   size_t calls = fake_call_count();
   assert_ptr_equal(tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S2), p);
   assert_int_equal(fake_call_count(), calls);
-  free_ok(a, p, S2);
+  tu_free(a, p, S2);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   tu_destroy(a);
 }
@@ -1017,21 +1005,21 @@ static void finish_waits_for_freeing_streams(void **state) {
   vmm_arena *a = tu_arena(NULL, NULL);
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   void *p1 = transient(a, 2 * MiB), *p2 = transient(a, 4 * MiB), *p3 = transient(a, 6 * MiB);
-  free_ok(a, p1, S1);
-  free_ok(a, p2, S2);
-  free_ok(a, p3, S1);
+  tu_free(a, p1, S1);
+  tu_free(a, p2, S2);
+  tu_free(a, p3, S1);
   size_t from = fake_call_count();
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   assert_int_equal(fake_calls_since(from, VMM_DRV_stream_synchronize), 2);
   assert_int_equal(calls_with(from, VMM_DRV_stream_synchronize, (uintptr_t)S1), 1);
   assert_int_equal(calls_with(from, VMM_DRV_stream_synchronize, (uintptr_t)S2), 1);
-  size_t unmap = first_call(from, VMM_DRV_mem_unmap);
+  size_t unmap = tu_first_call(from, VMM_DRV_mem_unmap);
   for (size_t i = from; i < fake_call_count(); i++)
     if (fake_call_at(i)->entry == VMM_DRV_stream_synchronize) assert_true(i < unmap);
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 3);
 
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
-  free_ok(a, transient(a, 2 * MiB), S1);
+  tu_free(a, transient(a, 2 * MiB), S1);
   assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
   from = fake_call_count();
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
@@ -1047,8 +1035,8 @@ static void finish_refused_while_freeing_stream_captures(void **state) {
   vmm_arena *a = tu_arena(NULL, NULL);
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   void *p = transient(a, 4 * MiB), *q = transient(a, 2 * MiB);
-  free_ok(a, p, S1);
-  free_ok(a, q, S2);
+  tu_free(a, p, S1);
+  tu_free(a, q, S2);
   arena_view before = view(a);
   fake_set_capturing(S2, 1);
   size_t from = fake_call_count();
@@ -1075,20 +1063,20 @@ static void assembly_waits_for_freeing_streams(void **state) {
   vmm_arena *a = tu_arena(&o, NULL);
   assert_int_equal(vmm_retention_begin(a), VMM_OK);
   void *t2 = transient(a, 2 * MiB), *t4 = transient(a, 4 * MiB), *t6 = transient(a, 6 * MiB);
-  free_ok(a, t2, S2);
-  free_ok(a, t4, S2);
-  free_ok(a, t6, S1);
+  tu_free(a, t2, S2);
+  tu_free(a, t4, S2);
+  tu_free(a, t6, S1);
   size_t from = fake_call_count();
   void *s12 = tu_alloc(a, 12 * MiB, VMM_KIND_TRANSIENT, S1);
   assert_int_equal(tu_snapshot(a).assemblies, 1);
   assert_int_equal(tu_snapshot(a).pooled_taken_apart, 3);
   assert_int_equal(calls_with(from, VMM_DRV_stream_synchronize, (uintptr_t)S1), 1);
   assert_int_equal(calls_with(from, VMM_DRV_stream_synchronize, (uintptr_t)S2), 1);
-  size_t unmap = first_call(from, VMM_DRV_mem_unmap);
+  size_t unmap = tu_first_call(from, VMM_DRV_mem_unmap);
   assert_true(unmap != SIZE_MAX);
   for (size_t i = from; i < fake_call_count(); i++)
     if (fake_call_at(i)->entry == VMM_DRV_stream_synchronize) assert_true(i < unmap);
-  free_ok(a, s12, S1);
+  tu_free(a, s12, S1);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   tu_destroy(a);
 
@@ -1097,9 +1085,9 @@ static void assembly_waits_for_freeing_streams(void **state) {
   t2 = transient(a, 2 * MiB);
   t4 = transient(a, 4 * MiB);
   t6 = transient(a, 6 * MiB);
-  free_ok(a, t2, S2);
-  free_ok(a, t4, S1);
-  free_ok(a, t6, S1);
+  tu_free(a, t2, S2);
+  tu_free(a, t4, S1);
+  tu_free(a, t6, S1);
   fake_set_capturing(S2, 1);
   from = fake_call_count();
   void *s10 = tu_alloc(a, 10 * MiB, VMM_KIND_TRANSIENT, S1); /* t6 + t4 */
@@ -1108,7 +1096,7 @@ static void assembly_waits_for_freeing_streams(void **state) {
   assert_int_equal(fake_mapped_size_at(dp(t2)), 2 * MiB);
   assert_int_equal(tu_snapshot(a).retained_reusable_handles, 1);
   void *q = (void *)1; /* 12 MiB would need t2: refused, with everything left as it was */
-  free_ok(a, s10, S1);
+  tu_free(a, s10, S1);
   arena_view before = view(a);
   from = fake_call_count();
   assert_int_equal(vmm_arena_alloc(a, 12 * MiB, VMM_KIND_TRANSIENT, S1, &q), VMM_ERR_OUT_OF_MEMORY);
@@ -1127,9 +1115,9 @@ static void assembly_waits_for_freeing_streams(void **state) {
   t2 = transient(a, 2 * MiB);
   t4 = transient(a, 4 * MiB);
   t6 = transient(a, 6 * MiB);
-  free_ok(a, t2, S1);
-  free_ok(a, t4, S1);
-  free_ok(a, t6, S1);
+  tu_free(a, t2, S1);
+  tu_free(a, t4, S1);
+  tu_free(a, t6, S1);
   before = view(a);
   fake_set_capturing(S1, 1);
   size_t calls = fake_call_count();

@@ -57,3 +57,15 @@ size_t tu_mapped_from(const void *base, size_t most) {
   while (off < most && (size = fake_mapped_size_at((CUdeviceptr)(uintptr_t)base + off)) != 0) off += size;
   return off;
 }
+
+void tu_free(vmm_arena *a, void *p, CUstream s) {
+  vmm_status st = vmm_arena_free(a, p, s);
+  if (st != VMM_OK) fprintf(stderr, "free %p: %s: %s\n", p, vmm_status_name(st), vmm_arena_last_error(a));
+  assert_int_equal(st, VMM_OK);
+}
+
+size_t tu_first_call(size_t from, vmm_driver_entry e) {
+  for (size_t i = from, end = fake_call_count(); i < end; i++)
+    if (fake_call_at(i)->entry == e) return i;
+  return SIZE_MAX;
+}

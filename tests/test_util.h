@@ -28,6 +28,10 @@ void tu_destroy(vmm_arena *a);
 vmm_snapshot tu_snapshot(vmm_arena *a);
 /* Asserts that an allocation succeeds and returns its pointer. */
 void *tu_alloc(vmm_arena *a, size_t bytes, vmm_kind kind, CUstream s);
+/* Asserts that a free succeeds (printing the arena's message if not). */
+void tu_free(vmm_arena *a, void *p, CUstream s);
+/* Index of the first call of `e` in the fake's log at or after `from`, or SIZE_MAX. */
+size_t tu_first_call(size_t from, vmm_driver_entry e);
 /* Bytes mapped back to back from base on, one handle at a time (an assembled mapping has
  * several), stopping at the first gap or once `most` bytes are reached. */
 size_t tu_mapped_from(const void *base, size_t most);
