@@ -15,12 +15,10 @@ vmm_status vmm_arena_empty_cache(vmm_arena *a) {
 
 /* The pool's pooled mappings join the shared cache. */
 static void share_pooled(vmm_arena *a, vmm_pool_id pool) {
-  for (vmm_avl *node = vmm_avl_last(a->store.pool.root); node;) {
-    vmm_bucket *b = vmm_container_of(node, vmm_bucket, node);
+  for (vmm_bucket *b = vmm_pool_bucket_near(&a->store.pool, SIZE_MAX, false); b;
+       b = vmm_pool_bucket_near(&a->store.pool, b->size - 1, false))
     for (vmm_mapping *m = b->head; m; m = m->pool_next)
       if (m->pool == pool) m->pool = VMM_POOL_SHARED;
-    node = b->size > 1 ? vmm_avl_floor(a->store.pool.root, b->size - 1, 0) : NULL;
-  }
 }
 
 vmm_status vmm_arena_release_pool(vmm_arena *a, vmm_pool_id pool) {

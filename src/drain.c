@@ -10,14 +10,12 @@
 vmm_status vmm_drain_wait(vmm_arena *a, const char *what) {
   CUstream waited[16];
   size_t n_waited = 0;
-  for (vmm_avl *node = vmm_avl_last(a->store.pool.root); node;) {
-    vmm_bucket *b = vmm_container_of(node, vmm_bucket, node);
+  for (vmm_bucket *b = vmm_pool_bucket_near(&a->store.pool, SIZE_MAX, false); b;
+       b = vmm_pool_bucket_near(&a->store.pool, b->size - 1, false)) /* largest first; sizes are >= 1 granule */
     for (vmm_mapping *m = b->head; m; m = m->pool_next) {
       vmm_status st = vmm_wait_for_free(a, m, what, waited, &n_waited, 16);
       if (st != VMM_OK) return st;
     }
-    node = vmm_avl_floor(a->store.pool.root, b->size - 1, 0);
-  }
   return VMM_OK;
 }
 
