@@ -413,7 +413,12 @@ typedef struct vmm_snapshot {
   uint64_t padded_assemblies;                   /* of those, fallbacks that used a larger handle */
   uint64_t assembled_idle_handles;              /* idle handles mapped again by assemblies */
   uint64_t assembly_created_bytes;              /* new memory created to top assemblies up */
-  uint64_t pooled_taken_apart;                  /* pooled mappings unmapped to serve assemblies */
+  uint64_t pooled_taken_apart;                  /* pooled mappings taken apart to serve assemblies */
+  uint64_t pooled_taken_apart_early;            /* of those, taken before the work of their free was
+                                                   known complete (whole-process mode): their
+                                                   ranges retire */
+  uint64_t retiring_ranges, retiring_bytes;     /* ranges retiring now: mapped until that work
+                                                   completes, then unmapped */
   uint64_t oom_refusals, limit_refusals, headroom_refusals; /* requests refused new memory by the
                                                                driver, the limit, the headroom */
   uint64_t allocs, frees, deferred_frees;       /* successful calls; frees deferred by a capture */

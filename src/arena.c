@@ -110,6 +110,7 @@ static const struct {
 
 vmm_status vmm_alloc_mapping(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
   vmm_process_deferred(a);
+  vmm_retiring_settle(a);
   char refusal[sizeof a->last_error];
   bool refused = false;
   for (size_t i = 0; i < sizeof sources / sizeof sources[0]; i++) {
@@ -151,12 +152,8 @@ static void free_empty_pages(vmm_arena *a) {
 }
 
 vmm_status vmm_cache_release(vmm_arena *a, const char *what) {
-  vmm_status st;
   free_empty_pages(a);
-  if ((st = vmm_drain_wait(a, what)) != VMM_OK) return st;
-  vmm_process_deferred(a);
-  if ((st = vmm_drain_pool(a, what)) != VMM_OK) return st;
-  return vmm_drain_idle(a, what);
+  return vmm_drain_all(a, what);
 }
 
 /* ---- Free ---------------------------------------------------------------------------- */
@@ -234,6 +231,8 @@ static vmm_status free_live(vmm_arena *a, vmm_mapping *m, CUstream stream, bool 
     vmm_mapping_abandon(a, m);
     return VMM_OK;
   }
+  if (m->pool != VMM_POOL_SHARED && vmm_id_set_has(&a->released_pools, m->pool))
+    m->pool = VMM_POOL_SHARED; /* its graph is gone: shared, as release_pool made what was pooled */
   bool pooled = vmm_caching(a) && vmm_frees_to_pool(a, m->kind);
   bool capturing = waits_for_capture(a, m, stream, pooled);
   /* where no bucket can be allocated, the mapping is freed the plain way (handles kept idle) */
@@ -279,6 +278,7 @@ void vmm_arena_destroy(vmm_arena *a) {
   a->destroying = true; /* failures are logged, and nothing is kept for a retry */
   vmm_pages_fini(a);
   vmm_stream_order_fini(a); /* waits for all work first */
+  vmm_retiring_fini(a);
   vmm_mapping *m;
   vmm_table_foreach(&a->table, i, m) {
     if (m->page) vmm_pages_forget(a, m);

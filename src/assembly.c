@@ -18,6 +18,7 @@ typedef struct plan {
   size_t n_apart;
   size_t covered;         /* bytes of the idle handles chosen */
   size_t fresh;           /* bytes to create */
+  vmm_reuse_ctx *order;   /* where pooled mappings may be taken apart early: the request's stream */
 } plan;
 
 vmm_assembly_mode vmm_assembly_mode_for(const vmm_arena *a, vmm_kind kind) {
@@ -35,27 +36,31 @@ static bool has_handle_at_most(const vmm_mapping *m, size_t most) {
 }
 
 /* A pooled mapping may be taken apart if it is of the shared pool (a graph's memory stays its
- * own) and its streams can be waited for; in whole-process mode only once its work is known
- * complete (a fence or a quiesce): the allocation path never waits on the host. */
-static bool can_take_apart(vmm_arena *a, vmm_mapping *m, size_t left, bool padded) {
+ * own) and its streams can be waited for. In whole-process mode the allocation path never
+ * waits on the host: once its work is known complete (a fence or a quiesce), or early, where
+ * the request's stream can be ordered after that work; then its range retires (retiring.c). */
+static bool can_take_apart(vmm_arena *a, const plan *p, vmm_mapping *m, size_t left, bool padded) {
   if (m->chosen || m->pool != VMM_POOL_SHARED || !(padded || has_handle_at_most(m, left))) return false;
-  return a->cfg.caching ? vmm_free_complete(a, m) : vmm_can_wait_for_free(a, m);
+  if (!a->cfg.caching) return vmm_can_wait_for_free(a, m);
+  m->early = false;
+  if (vmm_free_complete(a, m)) return true;
+  return p->order && (m->early = vmm_usable_on_stream(p->order, m));
 }
 
 /* The pooled mapping to take apart for `left` bytes: the smallest that covers them, else the
  * largest smaller one. */
-static vmm_mapping *pick_apart(vmm_arena *a, size_t left, bool padded) {
+static vmm_mapping *pick_apart(vmm_arena *a, const plan *p, size_t left, bool padded) {
   for (vmm_bucket *b = vmm_pool_bucket_near(&a->store.pool, left, true); b;
        b = vmm_pool_bucket_near(&a->store.pool, b->size + 1, true)) {
     vmm_assert(b->head); /* no empty bucket */
     for (vmm_mapping *m = b->head; m; m = m->pool_next)
-      if (can_take_apart(a, m, left, padded)) return m;
+      if (can_take_apart(a, p, m, left, padded)) return m;
   }
   for (vmm_bucket *b = left > 1 ? vmm_pool_bucket_near(&a->store.pool, left - 1, false) : NULL; b;
        b = b->size > 1 ? vmm_pool_bucket_near(&a->store.pool, b->size - 1, false) : NULL) {
     vmm_assert(b->head);
     for (vmm_mapping *m = b->head; m; m = m->pool_next)
-      if (can_take_apart(a, m, left, padded)) return m;
+      if (can_take_apart(a, p, m, left, padded)) return m;
   }
   return NULL;
 }
@@ -84,7 +89,7 @@ static void plan_undo(vmm_arena *a, plan *p) {
     p->use[i]->taken = false;
     if (i < p->n_idle_tier) vmm_idle_put(a, p->use[i]);
   }
-  for (size_t i = 0; i < p->n_apart; i++) p->apart[i]->chosen = false;
+  for (size_t i = 0; i < p->n_apart; i++) p->apart[i]->chosen = p->apart[i]->early = false;
 }
 
 /* Chooses idle handles for `rounded` bytes: the largest unmapped handle that fits what is
@@ -97,7 +102,7 @@ static void plan_idle(vmm_arena *a, plan *p, size_t rounded, bool padded) {
   if (left && padded && (h = vmm_idle_take_at_least(a, left)) != NULL) plan_use(p, h, &left);
   p->n_idle_tier = p->n_use;
   vmm_mapping *m;
-  while (left && (m = pick_apart(a, left, padded)) != NULL) {
+  while (left && (m = pick_apart(a, p, left, padded)) != NULL) {
     m->chosen = true;
     p->apart[p->n_apart++] = m;
     for (uint32_t i = 0; i < m->handle_count && left; i++)
@@ -133,6 +138,11 @@ static void restore_apart(vmm_arena *a, vmm_mapping **apart, size_t n) {
   for (size_t i = n; i-- > 0;) {
     vmm_mapping *m = apart[i];
     m->chosen = false;
+    if (m->early) { /* never unmapped */
+      m->early = false;
+      vmm_pool_push(&a->store.pool, m);
+      continue;
+    }
     vmm_driver_entry failed;
     size_t first_stuck = a->ranges.stuck_count;
     if (vmm_map_handles(a, m->base, m->handles, m->handle_count, m->extent, &failed) == CUDA_SUCCESS) {
@@ -177,10 +187,13 @@ static vmm_status create_handles(vmm_arena *a, const vmm_request *req, vmm_handl
 }
 
 /* Unmaps the mappings taken apart, after waiting for their freeing streams (in whole-process
- * mode they are known complete already: no wait). */
+ * mode they are known complete already: no wait); those taken early stay mapped. */
 static vmm_status unmap_apart(vmm_arena *a, plan *p) {
   CUstream waited[8];
-  size_t n_waited = 0;
+  size_t n_waited = 0, n_early = 0;
+  for (size_t i = 0; i < p->n_apart; i++) n_early += p->apart[i]->early;
+  if (n_early && vmm_retiring_reserve(a, n_early))
+    return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for %zu retiring ranges", n_early);
   for (size_t i = 0; i < p->n_apart && !a->cfg.caching; i++) { /* whole-process mode: known complete */
     vmm_status st = vmm_wait_for_free(a, p->apart[i], "assembly", waited, &n_waited, 8);
     if (st == VMM_ERR_SCOPE_STATE) st = VMM_ERR_OUT_OF_MEMORY; /* began capturing since the plan */
@@ -189,10 +202,11 @@ static vmm_status unmap_apart(vmm_arena *a, plan *p) {
   for (size_t i = 0; i < p->n_apart; i++) {
     vmm_mapping *m = p->apart[i];
     vmm_pool_remove(&a->store.pool, m);
+    if (m->early) continue;
     vmm_status st = vmm_mapping_unmap(a, m, "taking a pooled mapping apart for an assembly");
     if (st != VMM_OK) {
       vmm_pool_push(&a->store.pool, m); /* still mapped; its bucket is on the spare list */
-      for (size_t j = i; j < p->n_apart; j++) p->apart[j]->chosen = false; /* pooled as before */
+      for (size_t j = i; j < p->n_apart; j++) p->apart[j]->chosen = p->apart[j]->early = false; /* pooled as before */
       restore_apart(a, p->apart, i);
       p->n_apart = 0; /* restored: nothing left to undo */
       return st;
@@ -208,8 +222,14 @@ static void commit_apart(vmm_arena *a, plan *p) {
     vmm_mapping *m = p->apart[i];
     for (uint32_t j = 0; j < m->handle_count; j++)
       if (m->handles[j]->taken) m->handles[j] = NULL;
-    vmm_mapping_dispose(a, m, true, VMM_NO_STUCK);
     a->pooled_taken_apart++;
+    if (!m->early) {
+      vmm_mapping_dispose(a, m, true, VMM_NO_STUCK);
+      continue;
+    }
+    vmm_retiring_range range;
+    vmm_mapping_hand_over(a, m, &range);
+    vmm_retiring_add(a, &range);
   }
 }
 
@@ -217,6 +237,7 @@ static void commit_apart(vmm_arena *a, plan *p) {
 
 typedef struct assembly {
   const vmm_request *req;
+  vmm_reuse_ctx order;   /* the request's stream, for pooled mappings taken apart early */
   vmm_assembly_mode mode;
   vmm_mapping *into, *m; /* into: a paused allocation mapped back; m: the mapping built */
   plan p;
@@ -231,6 +252,9 @@ static vmm_status plan_step(vmm_arena *a, assembly *x) {
     x->p.fresh = x->req->rounded;
     return VMM_OK;
   }
+  x->order = (vmm_reuse_ctx){a, x->req->stream, -1};
+  bool early = a->cfg.caching && !a->captures_underway && !x->into && x->req->pool == VMM_POOL_SHARED;
+  x->p.order = early ? &x->order : NULL;
   x->p.use = malloc((a->store.idle_count + a->store.pool.handles + 1) * sizeof *x->p.use);
   x->p.apart = malloc((a->store.pool.count + 1) * sizeof *x->p.apart);
   if (!x->p.use || !x->p.apart) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for an assembly");

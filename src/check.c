@@ -90,10 +90,12 @@ static int check_totals(const vmm_arena *a, const recount *c, char *why, size_t 
                     (unsigned long long)c->slot_bytes, (unsigned long long)a->allocated_bytes),
            -1;
   const vmm_ranges *r = &a->ranges;
-  if (r->free_bytes + c->mapped + c->paused + r->stuck_bytes != r->reserved_bytes)
-    return snprintf(why, cap, "VA accounting: %zu free + %llu mapped + %llu paused + %zu stuck != %zu reserved",
+  size_t retiring = a->retiring.bytes;
+  if (r->free_bytes + c->mapped + c->paused + r->stuck_bytes + retiring != r->reserved_bytes)
+    return snprintf(why, cap,
+                    "VA accounting: %zu free + %llu mapped + %llu paused + %zu stuck + %zu retiring != %zu reserved",
                     r->free_bytes, (unsigned long long)c->mapped, (unsigned long long)c->paused, r->stuck_bytes,
-                    r->reserved_bytes),
+                    retiring, r->reserved_bytes),
            -1;
   return 0;
 }

@@ -138,6 +138,7 @@ typedef struct vmm_mapping {
   struct vmm_mapping *pool_next, *pool_prev; /* bucket list while POOLED; deferred list while DEFERRED */
   struct vmm_bucket *bucket;
   bool chosen;            /* picked by the assembly being planned (only during vmm_assemble) */
+  bool early;             /* chosen before its free's work was known complete: its range retires */
   void *backup;           /* host copy of a paused allocation's contents (VMM_PAUSE_BACKUP; backup.c) */
 } vmm_mapping;
 
@@ -208,6 +209,11 @@ VMM_INTERNAL vmm_status vmm_mapping_drop_handles(vmm_arena *a, vmm_mapping *m, b
 VMM_INTERNAL vmm_status vmm_mapping_dispose(vmm_arena *a, vmm_mapping *m, bool retain, size_t first_stuck);
 /* The one retire: unmap, then dispose. *unmapped says whether the unmap happened. */
 VMM_INTERNAL vmm_status vmm_mapping_retire(vmm_arena *a, vmm_mapping *m, bool retain, const char *what, bool *unmapped);
+/* Pooled m's handles not NULL'ed by an assembly are kept idle while its range stays mapped:
+ * m leaves the counters and the table, and its range and the work of its free (its uses
+ * array) go to *range for vmm_retiring_add. */
+struct vmm_retiring_range;
+VMM_INTERNAL void vmm_mapping_hand_over(vmm_arena *a, vmm_mapping *m, struct vmm_retiring_range *range);
 /* Frees a paused allocation: no driver call where it holds no memory; its range returns. */
 VMM_INTERNAL vmm_status vmm_mapping_free_paused(vmm_arena *a, vmm_mapping *m, bool retain);
 /* Unmaps and releases everything of m, logging failures (destroy only). */
@@ -350,6 +356,34 @@ typedef struct vmm_fence {
   uint64_t completed; /* every pooled free of the stream numbered at most this is complete */
 } vmm_fence;
 
+/* ---- Retiring ranges (retiring.c) ----------------------------------------------------- */
+
+/* The work that may still use freed memory: what was queued on `stream` and on `uses` when
+ * the free numbered `seq` came, at quiesce epoch `epoch`. */
+typedef struct vmm_free_work {
+  CUstream stream;
+  CUstream *uses;
+  uint32_t use_count;
+  uint64_t epoch, seq;
+} vmm_free_work;
+
+
+/* The old range of a pooled mapping whose handles were mapped into a new range before the
+ * work of its free was known complete: mapped until that work completes. */
+typedef struct vmm_retiring_range {
+  CUdeviceptr base;
+  size_t size;
+  uint32_t reservation;
+  vmm_free_work work; /* its uses array is the range's own */
+} vmm_retiring_range;
+
+typedef struct vmm_retiring {
+  vmm_retiring_range *items;
+  size_t count, cap;
+  size_t bytes;         /* VA of the ranges retiring */
+  uint64_t handed_over; /* pooled mappings whose handles moved to a new range so far */
+} vmm_retiring;
+
 /* ---- Arena --------------------------------------------------------------------------- */
 
 struct vmm_arena {
@@ -368,6 +402,7 @@ struct vmm_arena {
   CUevent order_event; /* recorded on a freeing stream, waited on by the reusing one */
 
   vmm_ranges ranges;
+  vmm_retiring retiring;       /* old ranges of mappings taken apart early (retiring.c) */
   vmm_mapping_table table;
   vmm_store store;
   vmm_mapping *deferred_head;  /* frees waiting for a capture to end (stream_order.c) */
@@ -608,6 +643,21 @@ VMM_INTERNAL void vmm_capture_restore(vmm_arena *a, bool relaxed, CUstreamCaptur
  * free has completed (cuEventQuery). Records a new event where none is pending, so that a
  * later call can know. */
 VMM_INTERNAL bool vmm_free_complete(vmm_arena *a, const vmm_mapping *m);
+/* vmm_free_complete for work described apart from its mapping (a retiring range). */
+VMM_INTERNAL bool vmm_work_complete(vmm_arena *a, const vmm_free_work *w);
+
+/* ---- Retiring ranges (retiring.c) ------------------------------------------------------ */
+/* Room for n more retiring ranges, so that vmm_retiring_add cannot fail: -1 on host OOM. */
+VMM_INTERNAL int vmm_retiring_reserve(vmm_arena *a, size_t n);
+/* A range retires: it stays mapped until its work completes (room reserved first). */
+VMM_INTERNAL void vmm_retiring_add(vmm_arena *a, const vmm_retiring_range *range);
+/* Unmaps and frees the retiring ranges whose work is known complete (no host wait). */
+VMM_INTERNAL void vmm_retiring_settle(vmm_arena *a);
+/* Waits for the work of every retiring range whose streams do not capture, then unmaps and
+ * frees those ranges (finish, empty_cache, a refusal's release). */
+VMM_INTERNAL vmm_status vmm_retiring_drain(vmm_arena *a, const char *what);
+/* Destroy, after all work: unmaps every retiring range, logging failures. */
+VMM_INTERNAL void vmm_retiring_fini(vmm_arena *a);
 /* Moves the deferred frees of an aborted scope to its abandoned memory (no driver call). */
 VMM_INTERNAL void vmm_deferred_abandon_scope(vmm_arena *a, uint64_t scope_id);
 
@@ -711,6 +761,9 @@ VMM_INTERNAL vmm_status vmm_drain_wait(vmm_arena *a, const char *what);
 VMM_INTERNAL vmm_status vmm_drain_pool(vmm_arena *a, const char *what);
 /* Releases the idle handles, largest first; stops at the first failure (that handle stays idle). */
 VMM_INTERNAL vmm_status vmm_drain_idle(vmm_arena *a, const char *what);
+/* Everything back to the driver, in this order: the pool's streams waited for (a failure
+ * touches nothing), the retiring ranges, the deferred frees, the pool, the idle handles. */
+VMM_INTERNAL vmm_status vmm_drain_all(vmm_arena *a, const char *what);
 
 /* ---- Backups (backup.c) ------------------------------------------------------------- */
 /* Whether the driver table has the copies a backup needs (version 2). */

@@ -187,14 +187,28 @@ vmm_status vmm_mapping_drop_handles(vmm_arena *a, vmm_mapping *m, bool retain) {
   return st;
 }
 
-vmm_status vmm_mapping_dispose(vmm_arena *a, vmm_mapping *m, bool retain, size_t first_stuck) {
+/* m leaves the counters and the table; its handles go, and the record is freed. */
+static vmm_status forget(vmm_arena *a, vmm_mapping *m, bool retain) {
   if (m->state == VMM_MAP_PAUSED) vmm_tag_account_paused(a, m->tag, m->extent, -1);
   vmm_stat_add(a, m->kind, m->state, m->extent, -1);
   vmm_table_remove(&a->table, m->base);
-  vmm_ranges_free_unless_stuck(a, m->base, m->extent, m->reservation, first_stuck);
   vmm_status st = vmm_mapping_drop_handles(a, m, retain);
   vmm_mapping_free(m);
   return st;
+}
+
+vmm_status vmm_mapping_dispose(vmm_arena *a, vmm_mapping *m, bool retain, size_t first_stuck) {
+  vmm_ranges_free_unless_stuck(a, m->base, m->extent, m->reservation, first_stuck);
+  return forget(a, m, retain);
+}
+
+void vmm_mapping_hand_over(vmm_arena *a, vmm_mapping *m, vmm_retiring_range *range) {
+  *range = (vmm_retiring_range){m->base, m->extent, m->reservation,
+                                {m->stream, m->uses, m->use_count, m->free_epoch, m->free_seq}};
+  m->uses = NULL;
+  m->use_count = 0;
+  a->mapped_bytes -= m->extent; /* mapped still, but by a retiring range, no longer a mapping */
+  (void)forget(a, m, true);     /* keeping handles idle makes no driver call */
 }
 
 vmm_status vmm_mapping_retire(vmm_arena *a, vmm_mapping *m, bool retain, const char *what, bool *unmapped) {

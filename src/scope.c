@@ -48,9 +48,7 @@ static vmm_status finish_locked(vmm_arena *a) {
   if (a->scope != VMM_SCOPE_ACTIVE) return scope_error(a, "vmm_retention_finish");
   if (vmm_pool_check(&a->store.pool, why, sizeof why))
     return vmm_fail(a, VMM_ERR_SCOPE_STATE, "vmm_retention_finish: pool is inconsistent, nothing touched: %s", why);
-  if ((st = vmm_drain_wait(a, "vmm_retention_finish")) != VMM_OK) return st; /* nothing touched */
-  vmm_process_deferred(a);
-  if ((st = vmm_drain_pool(a, "finish")) != VMM_OK || (st = vmm_drain_idle(a, "finish")) != VMM_OK) return st;
+  if ((st = vmm_drain_all(a, "vmm_retention_finish")) != VMM_OK) return st;
   a->scope = VMM_SCOPE_NONE;
   a->scopes_finished++;
   return VMM_OK;

@@ -35,6 +35,9 @@ static void fill(const vmm_arena *a, vmm_snapshot *s) {
   s->assembled_idle_handles = a->assembled_idle_handles;
   s->assembly_created_bytes = a->assembly_created_bytes;
   s->pooled_taken_apart = a->pooled_taken_apart;
+  s->pooled_taken_apart_early = a->retiring.handed_over;
+  s->retiring_ranges = a->retiring.count;
+  s->retiring_bytes = a->retiring.bytes;
   s->oom_refusals = a->oom_refusals;
   s->limit_refusals = a->limit_refusals;
   s->headroom_refusals = a->headroom_refusals;
@@ -234,6 +237,8 @@ static const field reuse_fields[] = {
 static const field assembly_fields[] = {
     FIELD(vmm_snapshot, assemblies), FIELD(vmm_snapshot, padded_assemblies), FIELD(vmm_snapshot, assembled_idle_handles),
     FIELD(vmm_snapshot, assembly_created_bytes), FIELD(vmm_snapshot, pooled_taken_apart),
+    FIELD(vmm_snapshot, pooled_taken_apart_early), FIELD(vmm_snapshot, retiring_ranges),
+    FIELD(vmm_snapshot, retiring_bytes),
 };
 
 static const field usage_fields[] = {

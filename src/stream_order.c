@@ -165,12 +165,17 @@ static bool stream_done(vmm_arena *a, CUstream s, uint64_t seq) {
   return false;
 }
 
-bool vmm_free_complete(vmm_arena *a, const vmm_mapping *m) {
-  if (m->free_epoch < a->epoch) return true;
+bool vmm_work_complete(vmm_arena *a, const vmm_free_work *w) {
+  if (w->epoch < a->epoch) return true;
   if (a->drv->version < 3 || !a->drv->event_query) return false;
-  bool done = stream_done(a, m->stream, m->free_seq);
-  for (uint32_t i = 0; i < m->use_count; i++) done = stream_done(a, m->uses[i], m->free_seq) && done;
+  bool done = stream_done(a, w->stream, w->seq);
+  for (uint32_t i = 0; i < w->use_count; i++) done = stream_done(a, w->uses[i], w->seq) && done;
   return done;
+}
+
+bool vmm_free_complete(vmm_arena *a, const vmm_mapping *m) {
+  vmm_free_work w = {m->stream, m->uses, m->use_count, m->free_epoch, m->free_seq};
+  return vmm_work_complete(a, &w);
 }
 
 /* ---- Events of slot waits ------------------------------------------------------------- */

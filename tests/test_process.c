@@ -176,10 +176,17 @@ static void cross_stream_hit_waits_on_an_event(void **state) {
   tu_destroy(a);
 }
 
-/* A miss is assembled from pooled mappings only once their work is known complete (an event
- * recorded after their free has completed, or a quiesce); before that, new memory. Never a
- * host wait. */
-static void assembly_takes_apart_only_what_is_complete(void **state) {
+static vmm_snapshot snap(vmm_arena *a) {
+  vmm_snapshot s;
+  assert_int_equal(vmm_arena_snapshot(a, &s), VMM_OK);
+  return s;
+}
+
+/* A miss is assembled from pooled mappings whose work is not yet known complete (the device
+ * is behind): their handles are mapped into the new range at once, and their old ranges stay
+ * mapped, retiring, until an event recorded after their free completes. No new memory, no
+ * host wait, no unmap before then. */
+static void assembly_takes_apart_early_and_the_old_ranges_retire(void **state) {
   (void)state;
   vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
   void *x = alloc_in(a, 4 * MiB, T, S1, 0), *y = alloc_in(a, 4 * MiB, T, S1, 0);
@@ -189,26 +196,65 @@ static void assembly_takes_apart_only_what_is_complete(void **state) {
   size_t from = fake_call_count();
   void *z = alloc_in(a, 8 * MiB, T, S1, 0);
   assert_int_equal(fake_calls_since(from, VMM_DRV_event_record), 1); /* the fence, recorded once */
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 0);
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 0);
-  assert_int_equal(usage(a).reserved_bytes, 16 * MiB); /* new memory */
-  fake_set_events_pending(0);                          /* the device caught up */
+  assert_int_equal(fake_calls_since(from, VMM_DRV_stream_wait_event), 0); /* the same stream: in order already */
+  assert_int_equal(usage(a).reserved_bytes, 8 * MiB);
+  assert_true(fake_mapped_size_at(dp(x)) && fake_mapped_size_at(dp(y))); /* the old ranges still mapped */
+  vmm_snapshot s = snap(a);
+  assert_int_equal(s.retiring_ranges, 2);
+  assert_int_equal(s.retiring_bytes, 8 * MiB);
+  assert_int_equal(s.pooled_taken_apart_early, 2);
+  assert_int_equal(vmm_arena_check(a, NULL, 0), VMM_OK);
+  /* Still behind: the next request settles nothing. */
+  tu_free(a, alloc_in(a, 2 * MiB, T, S1, 0), S1);
+  assert_int_equal(snap(a).retiring_ranges, 2);
+  fake_set_events_pending(0); /* the device caught up: the next request unmaps the old ranges */
   from = fake_call_count();
-  void *w = alloc_in(a, 8 * MiB, T, S2, 0);
-  assert_int_equal(fake_calls_since(from, VMM_DRV_event_query), 1);
-  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 2); /* x and y taken apart */
-  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 0);
-  assert_int_equal(usage(a).reserved_bytes, 16 * MiB);
-  tu_free(a, z, S1);
-  tu_free(a, w, S2);
-  fake_set_events_pending(1);
-  assert_int_equal(vmm_arena_quiesce(a), VMM_OK); /* a quiesce needs no event */
-  from = fake_call_count();
-  void *big = alloc_in(a, 16 * MiB, T, S1, 0);
-  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 0);
-  assert_int_equal(usage(a).reserved_bytes, 16 * MiB);
+  void *w = alloc_in(a, 2 * MiB, T, S1, 0);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 2);
+  assert_int_equal(fake_mapped_size_at(dp(x)), 0);
+  assert_int_equal(snap(a).retiring_ranges, 0);
   assert_int_equal(fake_calls_since(0, VMM_DRV_stream_synchronize), 0);
+  tu_free(a, z, S1);
+  tu_free(a, w, S1);
+  tu_destroy(a);
+}
+
+/* Taken early on another stream: the request's stream is ordered after the freeing stream's
+ * work by an event, with no host wait. Inside a capture nothing is taken early: new memory. */
+static void early_take_apart_orders_the_stream_and_never_in_a_capture(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  void *x = alloc_in(a, 8 * MiB, T, S1, 0);
+  tu_free(a, x, S1);
+  fake_set_events_pending(1);
+  assert_int_equal(vmm_arena_capture_begin(a, 3), VMM_OK);
+  fake_set_capturing(S2, 1);
+  size_t from = fake_call_count();
+  void *g = alloc_in(a, 4 * MiB, T, S2, 3);
+  assert_true(fake_calls_since(from, VMM_DRV_mem_create) > 0); /* a graph's memory: new */
+  fake_set_capturing(S2, 0);
+  assert_int_equal(vmm_arena_capture_end(a, 3), VMM_OK);
+  from = fake_call_count();
+  void *y = alloc_in(a, 4 * MiB, T, S2, 0);
+  size_t record = tu_first_call(from, VMM_DRV_event_record), wait = tu_first_call(from, VMM_DRV_stream_wait_event);
+  assert_true(record != SIZE_MAX && wait != SIZE_MAX && record < wait);
+  assert_int_equal(fake_call_at(wait)->a0, (uintptr_t)S2);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 0);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_stream_synchronize), 0);
+  assert_int_equal(snap(a).retiring_ranges, 1);
+  /* empty_cache may wait on the host: the retiring range is unmapped, its idle half released */
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
+  assert_int_equal(snap(a).retiring_ranges, 0);
+  assert_int_equal(fake_mapped_size_at(dp(x)), 0);
+  fake_ledger l;
+  fake_get_ledger(&l);
+  assert_int_equal(l.live_handle_bytes, 8 * MiB); /* y and g */
   fake_set_events_pending(0);
-  tu_free(a, big, S1);
+  tu_free(a, y, S2);
+  tu_free(a, g, S2);
+  assert_int_equal(vmm_arena_release_pool(a, 3), VMM_OK);
   tu_destroy(a);
 }
 
@@ -312,6 +358,29 @@ static void a_graph_pool_is_never_taken_apart(void **state) {
   tu_destroy(a);
 }
 
+/* empty_cache, and a finish, leave a live graph's pooled memory mapped (its replays use it);
+ * once the pool is released, empty_cache gives it back, with what is freed after the release. */
+static void a_live_graph_keeps_its_memory_through_empty_cache(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  void *g = alloc_in(a, 4 * MiB, T, S1, 7), *e = alloc_in(a, 4 * MiB, T, S1, 0);
+  tu_free(a, g, S1);
+  tu_free(a, e, S1);
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
+  assert_int_equal(fake_mapped_size_at(dp(e)), 0);
+  assert_true(fake_mapped_size_at(dp(g)) > 0);
+  assert_int_equal(usage(a).reserved_bytes, 4 * MiB);
+  assert_int_equal(vmm_retention_begin(a), VMM_OK);
+  assert_int_equal(vmm_retention_finish(a), VMM_OK);
+  assert_true(fake_mapped_size_at(dp(g)) > 0);
+  assert_ptr_equal(alloc_in(a, 4 * MiB, T, S1, 7), g);
+  assert_int_equal(vmm_arena_release_pool(a, 7), VMM_OK);
+  tu_free(a, g, S1); /* freed after its pool was released: shared */
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
+  assert_int_equal(usage(a).reserved_bytes, 0);
+  tu_destroy(a);
+}
+
 /* While a capture is underway, shared memory freed on a capturing stream waits for the capture
  * to end; the pool's own memory is reused within the capture. With no capture underway a free
  * asks the driver nothing. */
@@ -402,12 +471,10 @@ static void empty_cache_releases_outside_a_scope_only(void **state) {
 static void refused_memory_releases_the_cache(void **state) {
   (void)state;
   vmm_arena *a = process_arena(10 * MiB, VMM_RETAIN_AUTO);
-  void *x = alloc_in(a, 4 * MiB, T, S1, 0), *y = alloc_in(a, 4 * MiB, T, S1, 0);
-  tu_free(a, x, S1);
-  tu_free(a, y, S1);
-  fake_set_events_pending(1); /* not known complete: the pool cannot be taken apart */
+  void *s = alloc_in(a, 512, T, S1, 0);
+  assert_int_equal(vmm_arena_record_stream(a, s, S2), VMM_OK);
+  tu_free(a, s, S1); /* its page waits for S2 before it can be taken apart: cached, not usable */
   void *z = alloc_in(a, 10 * MiB, T, S1, 0);
-  fake_set_events_pending(0);
   vmm_usage u = usage(a);
   assert_int_equal(u.cache_releases, 1);
   assert_int_equal(u.reserved_bytes, 10 * MiB);
@@ -587,11 +654,13 @@ int main(void) {
       cmocka_unit_test(bad_frees_of_slots),
       cmocka_unit_test(exact_hit_outside_a_scope),
       cmocka_unit_test(cross_stream_hit_waits_on_an_event),
-      cmocka_unit_test(assembly_takes_apart_only_what_is_complete),
+      cmocka_unit_test(assembly_takes_apart_early_and_the_old_ranges_retire),
+      cmocka_unit_test(early_take_apart_orders_the_stream_and_never_in_a_capture),
       cmocka_unit_test(record_stream_orders_reuse_of_a_mapping),
       cmocka_unit_test(record_stream_orders_reuse_of_a_slot),
       cmocka_unit_test(a_pool_keeps_its_memory),
       cmocka_unit_test(a_graph_pool_is_never_taken_apart),
+      cmocka_unit_test(a_live_graph_keeps_its_memory_through_empty_cache),
       cmocka_unit_test(frees_during_a_capture),
       cmocka_unit_test(calls_during_a_capture_are_relaxed),
       cmocka_unit_test(empty_cache_releases_outside_a_scope_only),
