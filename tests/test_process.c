@@ -234,6 +234,12 @@ static void early_take_apart_orders_the_stream_and_never_in_a_capture(void **sta
   size_t from = fake_call_count();
   void *g = alloc_in(a, 4 * MiB, T, S2, 3);
   assert_true(fake_calls_since(from, VMM_DRV_mem_create) > 0); /* a graph's memory: new */
+  fake_set_capturing(S1, 1);
+  from = fake_call_count();
+  void *c = alloc_in(a, 4 * MiB, T, S1, 0); /* shared, on the stream that freed x, but capturing */
+  assert_true(fake_calls_since(from, VMM_DRV_mem_create) > 0);
+  assert_int_equal(snap(a).retiring_ranges, 0);
+  fake_set_capturing(S1, 0);
   fake_set_capturing(S2, 0);
   assert_int_equal(vmm_arena_capture_end(a, 3), VMM_OK);
   from = fake_call_count();
@@ -250,8 +256,9 @@ static void early_take_apart_orders_the_stream_and_never_in_a_capture(void **sta
   assert_int_equal(fake_mapped_size_at(dp(x)), 0);
   fake_ledger l;
   fake_get_ledger(&l);
-  assert_int_equal(l.live_handle_bytes, 8 * MiB); /* y and g */
+  assert_int_equal(l.live_handle_bytes, 12 * MiB); /* y, g and c: x's idle half released */
   fake_set_events_pending(0);
+  tu_free(a, c, S1);
   tu_free(a, y, S2);
   tu_free(a, g, S2);
   assert_int_equal(vmm_arena_release_pool(a, 3), VMM_OK);
@@ -582,6 +589,11 @@ static void cd_scenario(countdown *c) {
   cd_free(c, 2);
   cd_alloc(c, 1000, T, S1, 0);  /* the slot after its wait */
   cd_alloc(c, 6 * MiB, T, S2, 0); /* a hit on another stream */
+  cd_free(c, cd_alloc(c, 2 * MiB, T, S1, 0));
+  fake_set_events_pending(1);     /* the device behind: taken apart early, the old range retiring */
+  cd_free(c, cd_alloc(c, 4 * MiB, T, S2, 0));
+  fake_set_events_pending(0);
+  cd_alloc(c, 2 * MiB, T, S1, 0); /* the retiring range unmapped */
   (void)vmm_arena_capture_begin(a, 5);
   fake_set_capturing(S1, 1);
   cd_free(c, cd_alloc(c, 4 * MiB, T, S1, 5));
@@ -593,7 +605,10 @@ static void cd_scenario(countdown *c) {
   tu_check(a);
   (void)vmm_arena_release_pool(a, 5);
   for (int i = 0; i < c->n; i++) cd_free(c, i);
+  fake_set_events_pending(1); /* retiring still: empty_cache waits for it */
+  cd_free(c, cd_alloc(c, 12 * MiB, T, S2, 0));
   (void)vmm_arena_empty_cache(a);
+  fake_set_events_pending(0);
   tu_check(a);
 }
 
@@ -604,6 +619,7 @@ static unsigned countdown_run(unsigned nth, CUresult code, int persistent) {
   c.single = !persistent;
   if (nth) fake_fail_nth_any(nth, code, persistent);
   cd_scenario(&c);
+  if (!nth) assert_true(snap(c.a).pooled_taken_apart_early >= 2); /* the scenario takes the early paths */
   unsigned fired = fake_faults_fired();
   fake_clear_faults();
   fake_set_capturing(S1, 0);
