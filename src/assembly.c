@@ -18,7 +18,9 @@ typedef struct plan {
   size_t n_apart;
   size_t covered;         /* bytes of the idle handles chosen */
   size_t fresh;           /* bytes to create */
-  vmm_reuse_ctx *order;   /* where pooled mappings may be taken apart early: the request's stream */
+  vmm_reuse_ctx *order;   /* the request's stream (NULL for a resume: nothing is taken apart early) */
+  vmm_pool_id pool;       /* the request's pool */
+  bool early_shared;      /* shared pooled mappings may be taken apart early (no capture underway) */
 } plan;
 
 vmm_assembly_mode vmm_assembly_mode_for(const vmm_arena *a, vmm_kind kind) {
@@ -35,16 +37,27 @@ static bool has_handle_at_most(const vmm_mapping *m, size_t most) {
   return false;
 }
 
+/* A graph's pooled mapping serves only a request of its own pool, in stream order (during a
+ * capture: on the capturing stream that freed it), and whole: none of its handles may reach
+ * the shared idle tier while the graph lives. Its range stays mapped, retiring, until the pool
+ * is released: the graph's replays use that address. */
+static bool graph_takes_apart(vmm_arena *a, const plan *p, vmm_mapping *m, size_t left, bool padded) {
+  if (!a->cfg.caching || !p->order || m->pool != p->pool || padded || m->extent > left) return false;
+  return (m->early = vmm_usable_on_stream(p->order, m));
+}
+
 /* A pooled mapping may be taken apart if it is of the shared pool (a graph's memory stays its
  * own) and its streams can be waited for. In whole-process mode the allocation path never
  * waits on the host: once its work is known complete (a fence or a quiesce), or early, where
  * the request's stream can be ordered after that work; then its range retires (retiring.c). */
 static bool can_take_apart(vmm_arena *a, const plan *p, vmm_mapping *m, size_t left, bool padded) {
-  if (m->chosen || m->pool != VMM_POOL_SHARED || !(padded || has_handle_at_most(m, left))) return false;
+  if (m->chosen) return false;
+  if (m->pool != VMM_POOL_SHARED) return graph_takes_apart(a, p, m, left, padded);
+  if (!(padded || has_handle_at_most(m, left))) return false;
   if (!a->cfg.caching) return vmm_can_wait_for_free(a, m);
   m->early = false;
   if (vmm_free_complete(a, m)) return true;
-  return p->order && (m->early = vmm_usable_on_stream(p->order, m));
+  return p->early_shared && (m->early = vmm_usable_on_stream(p->order, m));
 }
 
 /* The pooled mapping to take apart for `left` bytes: the smallest that covers them, else the
@@ -253,8 +266,9 @@ static vmm_status plan_step(vmm_arena *a, assembly *x) {
     return VMM_OK;
   }
   x->order = (vmm_reuse_ctx){a, x->req->stream, -1};
-  bool early = a->cfg.caching && !a->captures_underway && !x->into && x->req->pool == VMM_POOL_SHARED;
-  x->p.order = early ? &x->order : NULL;
+  x->p.order = x->into ? NULL : &x->order;
+  x->p.pool = x->req->pool;
+  x->p.early_shared = a->cfg.caching && !a->captures_underway && !x->into && x->req->pool == VMM_POOL_SHARED;
   x->p.use = malloc((a->store.idle_count + a->store.pool.handles + 1) * sizeof *x->p.use);
   x->p.apart = malloc((a->store.pool.count + 1) * sizeof *x->p.apart);
   if (!x->p.use || !x->p.apart) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for an assembly");

@@ -374,6 +374,7 @@ typedef struct vmm_retiring_range {
   CUdeviceptr base;
   size_t size;
   uint32_t reservation;
+  vmm_pool_id pool;   /* a graph's pool: the range retires only once the pool is released */
   vmm_free_work work; /* its uses array is the range's own */
 } vmm_retiring_range;
 

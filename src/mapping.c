@@ -203,7 +203,7 @@ vmm_status vmm_mapping_dispose(vmm_arena *a, vmm_mapping *m, bool retain, size_t
 }
 
 void vmm_mapping_hand_over(vmm_arena *a, vmm_mapping *m, vmm_retiring_range *range) {
-  *range = (vmm_retiring_range){m->base, m->extent, m->reservation,
+  *range = (vmm_retiring_range){m->base, m->extent, m->reservation, m->pool,
                                 {m->stream, m->uses, m->use_count, m->free_epoch, m->free_seq}};
   m->uses = NULL;
   m->use_count = 0;

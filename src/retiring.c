@@ -2,7 +2,9 @@
  * new range before the work of its free was known complete (whole-process mode). The handles
  * serve the new range at once, ordered after that work on the device; the old range stays
  * mapped, used by nothing new, until that work completes, and is then unmapped and freed. So a
- * request never waits on the host for cached memory, and never creates memory it could reuse. */
+ * request never waits on the host for cached memory, and never creates memory it could reuse.
+ * The old range of a graph's pooled mapping retires only once the pool is released: the
+ * graph's replays still use that address. */
 #include <stdlib.h>
 
 #include "internal.h"
@@ -45,10 +47,15 @@ static void unmap_one(vmm_arena *a, size_t i, const char *what) {
   vmm_ranges_keep_stuck(a, x.base, x.size);
 }
 
+/* Whether a graph may still use the range: its pool is not yet released. */
+static bool graph_holds(const vmm_arena *a, const vmm_retiring_range *x) {
+  return x->pool != VMM_POOL_SHARED && !vmm_id_set_has(&a->released_pools, x->pool);
+}
+
 void vmm_retiring_settle(vmm_arena *a) {
   vmm_retiring *r = &a->retiring;
   for (size_t i = r->count; i-- > 0;)
-    if (vmm_work_complete(a, &r->items[i].work)) unmap_one(a, i, "settling");
+    if (!graph_holds(a, &r->items[i]) && vmm_work_complete(a, &r->items[i].work)) unmap_one(a, i, "settling");
 }
 
 /* Waits for stream s unless it captures (*skipped then). */
@@ -66,6 +73,7 @@ vmm_status vmm_retiring_drain(vmm_arena *a, const char *what) {
   vmm_retiring *r = &a->retiring;
   for (size_t i = r->count; i-- > 0;) {
     vmm_free_work *w = &r->items[i].work;
+    if (graph_holds(a, &r->items[i])) continue;
     bool skipped = false;
     vmm_status st = w->epoch < a->epoch ? VMM_OK : wait_stream(a, w->stream, what, &skipped);
     for (uint32_t k = 0; k < w->use_count && st == VMM_OK && w->epoch >= a->epoch; k++)

@@ -365,6 +365,46 @@ static void a_graph_pool_is_never_taken_apart(void **state) {
   tu_destroy(a);
 }
 
+/* Inside a capture a graph's freed memory serves a larger request of its pool, whole, with
+ * new memory only for the rest: the handles are mapped into the new range and the old range
+ * stays mapped until the pool is released (the graph's replays use both addresses). Never in
+ * part (no handle of a live graph reaches the shared cache), never to another pool. */
+static void a_graph_reuses_its_memory_in_new_ranges(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  assert_int_equal(vmm_arena_capture_begin(a, 7), VMM_OK);
+  fake_set_capturing(S1, 1);
+  void *x = alloc_in(a, 4 * MiB, T, S1, 7);
+  tu_free(a, x, S1);
+  fake_ledger before, after;
+  fake_get_ledger(&before);
+  size_t from = fake_call_count();
+  void *y = alloc_in(a, 6 * MiB, T, S1, 7);
+  fake_get_ledger(&after);
+  assert_int_equal(after.live_handle_bytes - before.live_handle_bytes, 2 * MiB); /* only the rest is new */
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 0);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_event_record), 0); /* the same stream: no driver call to order */
+  assert_true(fake_mapped_size_at(dp(x)) > 0);
+  assert_int_equal(snap(a).retiring_ranges, 1);
+  tu_free(a, y, S1);
+  from = fake_call_count();
+  void *z = alloc_in(a, 4 * MiB, T, S1, 7); /* smaller than y: y stays whole in the pool */
+  assert_true(fake_calls_since(from, VMM_DRV_mem_create) > 0);
+  fake_set_capturing(S1, 0);
+  assert_int_equal(vmm_arena_capture_end(a, 7), VMM_OK);
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK); /* the graph lives: its ranges stay */
+  assert_true(fake_mapped_size_at(dp(x)) > 0);
+  assert_int_equal(snap(a).retiring_ranges, 1);
+  tu_free(a, z, S1);
+  assert_int_equal(vmm_arena_release_pool(a, 7), VMM_OK);
+  tu_free(a, alloc_in(a, 2 * MiB, T, S1, 0), S1); /* the next request settles x's range */
+  assert_int_equal(fake_mapped_size_at(dp(x)), 0);
+  assert_int_equal(snap(a).retiring_ranges, 0);
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
+  assert_int_equal(usage(a).reserved_bytes, 0);
+  tu_destroy(a);
+}
+
 /* empty_cache, and a finish, leave a live graph's pooled memory mapped (its replays use it);
  * once the pool is released, empty_cache gives it back, with what is freed after the release. */
 static void a_live_graph_keeps_its_memory_through_empty_cache(void **state) {
@@ -677,6 +717,7 @@ int main(void) {
       cmocka_unit_test(a_pool_keeps_its_memory),
       cmocka_unit_test(a_graph_pool_is_never_taken_apart),
       cmocka_unit_test(a_live_graph_keeps_its_memory_through_empty_cache),
+      cmocka_unit_test(a_graph_reuses_its_memory_in_new_ranges),
       cmocka_unit_test(frees_during_a_capture),
       cmocka_unit_test(calls_during_a_capture_are_relaxed),
       cmocka_unit_test(empty_cache_releases_outside_a_scope_only),
