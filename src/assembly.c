@@ -38,11 +38,12 @@ static bool has_handle_at_most(const vmm_mapping *m, size_t most) {
 }
 
 /* A graph's pooled mapping serves only a request of its own pool, in stream order (during a
- * capture: on the capturing stream that freed it), and whole: none of its handles may reach
- * the shared idle tier while the graph lives. Its range stays mapped, retiring, until the pool
- * is released: the graph's replays use that address. */
+ * capture: on the capturing stream that freed it), from its first handles: those the request
+ * takes leave it, and the rest stays a pooled mapping of the pool (none of its handles may
+ * reach the shared idle tier while the graph lives). The range of those taken stays mapped,
+ * retiring, until the pool is released: the graph's replays use that address. */
 static bool graph_takes_apart(vmm_arena *a, const plan *p, vmm_mapping *m, size_t left, bool padded) {
-  if (!a->cfg.caching || !p->order || m->pool != p->pool || padded || m->extent > left) return false;
+  if (!a->cfg.caching || !p->order || m->pool != p->pool || padded || m->handles[0]->size > left) return false;
   return (m->early = vmm_usable_on_stream(p->order, m));
 }
 
@@ -120,6 +121,7 @@ static void plan_idle(vmm_arena *a, plan *p, size_t rounded, bool padded) {
     p->apart[p->n_apart++] = m;
     for (uint32_t i = 0; i < m->handle_count && left; i++)
       if (m->handles[i]->size <= left) plan_use(p, m->handles[i], &left);
+      else if (m->pool != VMM_POOL_SHARED) break; /* a graph's: its first handles only */
     if (left && padded) { /* the smallest handle left in m covers the rest */
       vmm_handle *best = NULL;
       for (uint32_t i = 0; i < m->handle_count; i++)
@@ -205,7 +207,7 @@ static vmm_status unmap_apart(vmm_arena *a, plan *p) {
   CUstream waited[8];
   size_t n_waited = 0, n_early = 0;
   for (size_t i = 0; i < p->n_apart; i++) n_early += p->apart[i]->early;
-  if (n_early && vmm_retiring_reserve(a, n_early))
+  if (n_early && (vmm_retiring_reserve(a, n_early) || vmm_pool_reserve(&a->store.pool, n_early)))
     return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for %zu retiring ranges", n_early);
   for (size_t i = 0; i < p->n_apart && !a->cfg.caching; i++) { /* whole-process mode: known complete */
     vmm_status st = vmm_wait_for_free(a, p->apart[i], "assembly", waited, &n_waited, 8);
@@ -228,21 +230,37 @@ static vmm_status unmap_apart(vmm_arena *a, plan *p) {
   return VMM_OK;
 }
 
+/* A mapping taken apart early: its range retires, whole, or, for a graph's mapping that gave
+ * only its first handles, the part of them; the rest of a graph's stays in its pool. */
+static void retire_early(vmm_arena *a, vmm_mapping *m) {
+  uint32_t taken = 0;
+  while (taken < m->handle_count && m->handles[taken]->taken) taken++;
+  vmm_retiring_range range;
+  if (m->pool != VMM_POOL_SHARED && taken < m->handle_count) {
+    vmm_mapping_split_off(a, m, taken, &range);
+    m->chosen = m->early = false;
+    (void)vmm_pool_push(&a->store.pool, m); /* a spare bucket was reserved */
+  } else {
+    for (uint32_t j = 0; j < m->handle_count; j++)
+      if (m->handles[j]->taken) m->handles[j] = NULL;
+    vmm_mapping_hand_over(a, m, &range);
+  }
+  vmm_retiring_add(a, &range);
+}
+
 /* The assembly has succeeded: the mappings taken apart give up their chosen handles and keep
- * the rest idle; the handles in use forget their store positions. */
+ * the rest idle (or, a graph's, pooled); the handles in use forget their store positions. */
 static void commit_apart(vmm_arena *a, plan *p) {
   for (size_t i = 0; i < p->n_apart; i++) {
     vmm_mapping *m = p->apart[i];
-    for (uint32_t j = 0; j < m->handle_count; j++)
-      if (m->handles[j]->taken) m->handles[j] = NULL;
     a->pooled_taken_apart++;
-    if (!m->early) {
-      vmm_mapping_dispose(a, m, true, VMM_NO_STUCK);
+    if (m->early) {
+      retire_early(a, m);
       continue;
     }
-    vmm_retiring_range range;
-    vmm_mapping_hand_over(a, m, &range);
-    vmm_retiring_add(a, &range);
+    for (uint32_t j = 0; j < m->handle_count; j++)
+      if (m->handles[j]->taken) m->handles[j] = NULL;
+    vmm_mapping_dispose(a, m, true, VMM_NO_STUCK);
   }
 }
 

@@ -214,6 +214,9 @@ VMM_INTERNAL vmm_status vmm_mapping_retire(vmm_arena *a, vmm_mapping *m, bool re
  * array) go to *range for vmm_retiring_add. */
 struct vmm_retiring_range;
 VMM_INTERNAL void vmm_mapping_hand_over(vmm_arena *a, vmm_mapping *m, struct vmm_retiring_range *range);
+/* Pooled m (out of the pool) gave its first k handles to an assembly: they leave m, whose
+ * range now starts after them; *range is the part before, for vmm_retiring_add. */
+VMM_INTERNAL void vmm_mapping_split_off(vmm_arena *a, vmm_mapping *m, uint32_t k, struct vmm_retiring_range *range);
 /* Frees a paused allocation: no driver call where it holds no memory; its range returns. */
 VMM_INTERNAL vmm_status vmm_mapping_free_paused(vmm_arena *a, vmm_mapping *m, bool retain);
 /* Unmaps and releases everything of m, logging failures (destroy only). */
@@ -273,6 +276,8 @@ typedef struct vmm_store {
 typedef bool (*vmm_pool_usable_fn)(void *ctx, vmm_mapping *m);
 
 VMM_INTERNAL int vmm_pool_push(vmm_pool *p, vmm_mapping *m);
+/* At least n buckets on the spare list, so that the next n pushes cannot fail: -1 on host OOM. */
+VMM_INTERNAL int vmm_pool_reserve(vmm_pool *p, size_t n);
 VMM_INTERNAL void vmm_pool_remove(vmm_pool *p, vmm_mapping *m);
 /* Smallest bucket of size in [lo, hi] holding a usable mapping; removes and returns it. */
 VMM_INTERNAL vmm_mapping *vmm_pool_take(vmm_pool *p, size_t lo, size_t hi, vmm_pool_usable_fn usable, void *ctx);

@@ -3,6 +3,7 @@
  * dispose: leave the table and the range, keep the handles idle or release them).
  * Record before unmap: a record leaves the table only after its unmap succeeded. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -185,6 +186,22 @@ vmm_status vmm_mapping_drop_handles(vmm_arena *a, vmm_mapping *m, bool retain) {
   m->first = NULL;
   m->handle_count = 0;
   return st;
+}
+
+void vmm_mapping_split_off(vmm_arena *a, vmm_mapping *m, uint32_t k, vmm_retiring_range *range) {
+  size_t size = 0;
+  for (uint32_t i = 0; i < k; i++) size += m->handles[i]->size;
+  vmm_assert(k > 0 && k < m->handle_count);
+  *range = (vmm_retiring_range){m->base, size, m->reservation, m->pool, {m->stream, NULL, 0, m->free_epoch, m->free_seq}};
+  vmm_stat_add(a, m->kind, m->state, m->extent, -1);
+  vmm_table_remove(&a->table, m->base);
+  memmove(m->handles, m->handles + k, (m->handle_count - k) * sizeof *m->handles);
+  m->handle_count -= k;
+  m->base += size;
+  m->extent -= size;
+  a->mapped_bytes -= size;
+  vmm_stat_add(a, m->kind, m->state, m->extent, +1);
+  vmm_table_insert(&a->table, m); /* the slot just freed: cannot fail */
 }
 
 /* m leaves the counters and the table; its handles go, and the record is freed. */

@@ -37,6 +37,18 @@ int vmm_pool_push(vmm_pool *p, vmm_mapping *m) {
   return 0;
 }
 
+int vmm_pool_reserve(vmm_pool *p, size_t n) {
+  size_t spare = 0;
+  for (vmm_bucket *b = p->spare; b && spare < n; b = b->next_spare) spare++;
+  for (; spare < n; spare++) {
+    vmm_bucket *b = malloc(sizeof *b);
+    if (!b) return -1;
+    b->next_spare = p->spare;
+    p->spare = b;
+  }
+  return 0;
+}
+
 void vmm_pool_remove(vmm_pool *p, vmm_mapping *m) {
   vmm_bucket *b = m->bucket;
   vmm_assert(b && b->count > 0);

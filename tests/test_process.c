@@ -365,10 +365,11 @@ static void a_graph_pool_is_never_taken_apart(void **state) {
   tu_destroy(a);
 }
 
-/* Inside a capture a graph's freed memory serves a larger request of its pool, whole, with
- * new memory only for the rest: the handles are mapped into the new range and the old range
- * stays mapped until the pool is released (the graph's replays use both addresses). Never in
- * part (no handle of a live graph reaches the shared cache), never to another pool. */
+/* Inside a capture a graph's freed memory serves other sizes of its pool: a larger request
+ * takes it whole, with new memory only for the rest; a smaller one its first handles, the rest
+ * staying pooled in the pool. The handles are mapped into the new range and the old range stays
+ * mapped until the pool is released (the graph's replays use both addresses). No handle of a
+ * live graph reaches the shared cache or another pool. */
 static void a_graph_reuses_its_memory_in_new_ranges(void **state) {
   (void)state;
   vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
@@ -388,13 +389,22 @@ static void a_graph_reuses_its_memory_in_new_ranges(void **state) {
   assert_int_equal(snap(a).retiring_ranges, 1);
   tu_free(a, y, S1);
   from = fake_call_count();
-  void *z = alloc_in(a, 4 * MiB, T, S1, 7); /* smaller than y: y stays whole in the pool */
-  assert_true(fake_calls_since(from, VMM_DRV_mem_create) > 0);
+  void *z = alloc_in(a, 4 * MiB, T, S1, 7); /* smaller than y: y's first handles */
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 0);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 0);
+  vmm_snapshot sn = snap(a);
+  assert_int_equal(sn.retiring_ranges, 2); /* x's range and the first 4 MiB of y's */
+  assert_int_equal(sn.kind[T].pooled_bytes, 2 * MiB); /* the rest of y, still the pool's */
+  assert_int_equal(sn.kind[T].idle_bytes, 0);        /* nothing of the graph's reaches the shared cache */
+  void *e = alloc_in(a, 2 * MiB, T, S1, 0);          /* an eager request: new memory */
+  assert_true((char *)e < (char *)y || (char *)e >= (char *)y + 6 * MiB);
   fake_set_capturing(S1, 0);
   assert_int_equal(vmm_arena_capture_end(a, 7), VMM_OK);
-  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK); /* the graph lives: its ranges stay */
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK); /* the graph lives: its ranges and its pool stay */
   assert_true(fake_mapped_size_at(dp(x)) > 0);
-  assert_int_equal(snap(a).retiring_ranges, 1);
+  assert_int_equal(snap(a).retiring_ranges, 2);
+  assert_int_equal(snap(a).kind[T].pooled_bytes, 2 * MiB);
+  tu_free(a, e, S1);
   tu_free(a, z, S1);
   assert_int_equal(vmm_arena_release_pool(a, 7), VMM_OK);
   tu_free(a, alloc_in(a, 2 * MiB, T, S1, 0), S1); /* the next request settles x's range */
