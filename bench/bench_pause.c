@@ -287,7 +287,7 @@ typedef struct touch {
 static void *touch_pages(void *arg) {
   touch *t = arg;
 #ifdef MADV_POPULATE_WRITE
-  if (t->populate) {
+  if (t->populate == 1) {
     if (madvise(t->p, t->bytes, MADV_POPULATE_WRITE)) t->populate = -1;
     return NULL;
   }
@@ -316,7 +316,7 @@ static int touch_parallel(char *p, size_t bytes, int threads, int populate) {
     if (t[i].populate < 0) rc = -1;
   }
 #ifndef MADV_POPULATE_WRITE
-  if (populate) rc = -1;
+  if (populate == 1) rc = -1;
 #endif
   return rc;
 }
