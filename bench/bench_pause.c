@@ -7,18 +7,23 @@
  *
  *   rows          64 MiB, 256 MiB, 1 GiB and 4 GiB per allocation, and 2 MiB ones (many small)
  *   pinned copy   cuMemcpyDtoH / HtoD of the same allocations into pinned memory, no pause
- *   designs       on 16 x 256 MiB: the staging pipeline at several staging sizes and thread
- *                 counts (threads limited through the CPU affinity), kept or not; synchronous
- *                 copies into pageable memory (the staging off, the design before); the backup
- *                 registered with cuMemHostRegister for the copy; the same after the threads
- *                 touched its pages first; a pinned backup (cuMemHostAlloc) freed at resume.
- *                 The last three are copies only (the allocations stay mapped); vmmarena's
- *                 figures include unmapping and mapping.
+ *   designs       on 16 x 256 MiB: how the host threads share a pause's chunks (slices of 256
+ *                 KiB or on the backups' 2 MiB pages, one chunk at a time or several, touching
+ *                 the backups' pages ahead: vmm_copier_design); the staging pipeline at several
+ *                 staging sizes and thread counts (threads limited through the CPU affinity),
+ *                 kept or not; synchronous copies into pageable memory (the staging off, the
+ *                 design before); the backup registered with cuMemHostRegister for the copy;
+ *                 the same after the threads touched its pages first; a pinned backup
+ *                 (cuMemHostAlloc) freed at resume. The last three are copies only (the
+ *                 allocations stay mapped); vmmarena's figures include unmapping and mapping.
  *   host side     16 threads reading a staging buffer (pinned, registered or anonymous memory;
  *                 plain or streaming loads) into touched pages; fresh pages written, copied
- *                 into or populated by 1 to 16 threads; the time to pin the staging.
+ *                 into (each thread its own part, or slices taken in turn: 2 MiB ones, one
+ *                 thread per huge page, or 256 KiB ones, several) or populated by 1 to 16
+ *                 threads; the time to pin the staging.
  *
- * Prints its tables; GB/s are 10^9 bytes per second; "x pinned" is the ratio to the pinned
+ * Prints its tables and, where glibc says, the sizes from which its memcpy and memset change
+ * their stores; GB/s are 10^9 bytes per second; "x pinned" is the ratio to the pinned
  * copy of the same row. Exits 1 if a call fails or contents differ. --fake runs the vmmarena
  * rows on the fake driver with 64 MiB per row (a check of the benchmark itself). */
 #define _GNU_SOURCE
@@ -32,6 +37,7 @@
 #include <time.h>
 
 #include "fake_driver.h"
+#include "internal.h"
 #include "vmmarena.h"
 
 #define MIB ((size_t)1 << 20)
@@ -139,8 +145,9 @@ static int scrub(void *const *p, size_t n, size_t bytes);
 
 typedef struct variant {
   const char *name;
-  const char *staging; /* VMMARENA_PAUSE_STAGING value; NULL = the default */
-  int cpus;            /* CPUs the copier's threads may use; 0 = all */
+  const char *staging;    /* VMMARENA_PAUSE_STAGING value; NULL = the default */
+  int cpus;               /* CPUs the copier's threads may use; 0 = all */
+  vmm_copy_design design; /* how the threads share a pause's chunks (VMM_COPY_PAGES: the default) */
 } variant;
 
 typedef struct result {
@@ -160,6 +167,7 @@ static vmm_arena *arena_for(const variant *v) {
     return NULL;
   }
   vmm_arena *a = NULL;
+  vmm_copier_design = v->design; /* read by the arena's copier when it is made */
   if (vmm_arena_create(&cfg, &a) != VMM_OK) fprintf(stderr, "bench_pause: %s\n", vmm_create_error());
   return a;
 }
@@ -287,7 +295,7 @@ typedef struct touch {
 static void *touch_pages(void *arg) {
   touch *t = arg;
 #ifdef MADV_POPULATE_WRITE
-  if (t->populate) {
+  if (t->populate == 1) {
     if (madvise(t->p, t->bytes, MADV_POPULATE_WRITE)) t->populate = -1;
     return NULL;
   }
@@ -316,7 +324,7 @@ static int touch_parallel(char *p, size_t bytes, int threads, int populate) {
     if (t[i].populate < 0) rc = -1;
   }
 #ifndef MADV_POPULATE_WRITE
-  if (populate) rc = -1;
+  if (populate == 1) rc = -1;
 #endif
   return rc;
 }
@@ -381,7 +389,7 @@ static int design_row(int design, size_t bytes, result *r) {
   size_t n = row_total / bytes;
   void *p[MAX_ALLOCS] = {0};
   memset(r, 0, sizeof *r);
-  variant v = {"", NULL, 0};
+  variant v = {"", NULL, 0, VMM_COPY_PAGES};
   vmm_arena *a = arena_for(&v);
   if (!a) return failures++, -1;
   size_t made = 0;
@@ -406,31 +414,86 @@ static long long anon_huge_kib(void) {
   return kib;
 }
 
+/* Slices of [p, p + bytes) that threads take in turn (the copy engine's way): each copied
+ * from src (a window of PIECE bytes), or where `touch`, written once at its start. */
+typedef struct turns {
+  char *p;
+  const char *src;
+  size_t bytes, slice, next; /* next: the next slice's offset (atomic) */
+  int touch;
+} turns;
+
+static void *take_turns(void *arg) {
+  turns *t = arg;
+  for (;;) {
+    size_t off = __atomic_fetch_add(&t->next, t->slice, __ATOMIC_RELAXED);
+    if (off >= t->bytes) return NULL;
+    if (t->touch) *(volatile char *)(t->p + off) = 0;
+    else memcpy(t->p + off, t->src + off % PIECE, t->bytes - off < t->slice ? t->bytes - off : t->slice);
+  }
+}
+
+static void in_turn(char *p, size_t bytes, int threads, const char *src, size_t slice, int write_once) {
+  pthread_t th[16];
+  turns t = {p, src, bytes, slice, 0, write_once};
+  int started = 0;
+  for (; started < threads && pthread_create(&th[started], NULL, take_turns, &t) == 0; started++) {}
+  if (!started) take_turns(&t);
+  for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+}
+
+/* The ways fresh pages are first written in the table below. */
+enum { MEMSET, POPULATE, MEMCPY_PARTS, MEMCPY_HUGE, MEMCPY_SMALL, MEMCPY_ANON, TOUCH_THEN_MEMCPY };
+static const char *const first_write[] = {
+    "",
+    ", MADV_POPULATE_WRITE",
+    ", memcpy from pinned memory (each thread its own sixteenth, 1 MiB at a time)",
+    ", memcpy from pinned memory, slices 2 MiB aligned (one thread per huge page)",
+    ", memcpy from pinned memory, slices of 256 KiB in turn (8 threads per huge page, the slicing before)",
+    ", memcpy from anonymous memory, slices 2 MiB aligned (one thread per huge page)",
+    ", one write per 2 MiB, then memcpy from pinned memory, slices 2 MiB aligned (both timed)",
+};
+
+/* First writes [p, p + bytes) the way `how` says with `threads` threads; -1 if populating is
+ * not supported. */
+static int first_writes(char *p, size_t bytes, int threads, int how, const char *anon) {
+  if (how <= MEMCPY_PARTS) return touch_parallel(p, bytes, threads, how);
+  if (how == TOUCH_THEN_MEMCPY) in_turn(p, bytes, threads, NULL, 2 * MIB, 1);
+  in_turn(p, bytes, threads, how == MEMCPY_ANON ? anon : (const char *)pattern, how == MEMCPY_SMALL ? MIB / 4 : 2 * MIB, 0);
+  return 0;
+}
+
 /* First touch of fresh anonymous memory by 1 to 16 threads, then writing it again: the most a
  * copy into new backups can reach on this machine. */
 static void host_side(void) {
-  static const struct { int threads, huge, populate; } runs[] = {
-      {16, 1, 0}, {16, 1, 2}, {16, 1, 0}, {1, 1, 0}, {4, 1, 0}, {16, 0, 0}, {16, 1, 1}};
+  static const struct { int threads, huge, how; } runs[] = {
+      {16, 1, MEMSET},       {16, 1, MEMCPY_PARTS}, {16, 1, MEMCPY_HUGE}, {16, 1, MEMCPY_SMALL},
+      {16, 1, MEMCPY_ANON},  {16, 1, TOUCH_THEN_MEMCPY}, {16, 1, MEMSET}, {1, 1, MEMSET},
+      {4, 1, MEMSET},        {16, 0, MEMSET},       {16, 1, POPULATE}};
+  char *anon = mmap(NULL, PIECE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (anon == MAP_FAILED) return;
+  memcpy(anon, pattern, PIECE);
   printf("\nHost memory, %zu MiB: fresh anonymous pages written (first touch), then written again:\n\n"
          "| threads | pages | first touch GB/s | again GB/s | huge pages MiB |\n| ---: | --- | ---: | ---: | ---: |\n",
          row_total / MIB);
   for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
     char *p = mmap(NULL, row_total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return;
+    if (p == MAP_FAILED) break;
     if (runs[i].huge) madvise(p, row_total, MADV_HUGEPAGE);
     long long h0 = anon_huge_kib();
     double t0 = now_s();
-    int rc = touch_parallel(p, row_total, runs[i].threads, runs[i].populate);
+    int rc = first_writes(p, row_total, runs[i].threads, runs[i].how, anon);
     double t1 = now_s();
     long long h1 = anon_huge_kib();
     touch_parallel(p, row_total, runs[i].threads, 0);
     double t2 = now_s();
     munmap(p, row_total);
-    static const char *const how[] = {"", ", MADV_POPULATE_WRITE", ", memcpy from pinned memory"};
     printf("| %d | %s%s | %.2f | %.2f | %lld |\n", runs[i].threads, runs[i].huge ? "huge asked" : "4 KiB",
-           rc ? ", MADV_POPULATE_WRITE unsupported" : how[runs[i].populate],
+           rc ? ", MADV_POPULATE_WRITE unsupported" : first_write[runs[i].how],
            gbps(row_total, t1 - t0), gbps(row_total, t2 - t1), (h1 - h0) / 1024);
+    fflush(stdout);
   }
+  munmap(anon, PIECE);
 }
 
 #if defined(__x86_64__)
@@ -528,6 +591,24 @@ static void staging_costs(void) {
 
 /* ---- Setup and the table ------------------------------------------------------------- */
 
+/* The sizes (bytes) from which glibc's memcpy and memset change their stores, as its dynamic
+ * loader lists them (x86-64; glibc 2.33 and later), on one line; nothing where it says none. */
+static void print_glibc_thresholds(void) {
+#if defined(__x86_64__)
+  FILE *f = popen("/lib64/ld-linux-x86-64.so.2 --list-diagnostics 2>/dev/null", "r");
+  char line[256];
+  int n = 0;
+  while (f && fgets(line, sizeof line, f)) {
+    char name[128];
+    unsigned long long v;
+    if (sscanf(line, "x86.cpu_features.%127[a-z_]=%llx", name, &v) == 2 && strstr(name, "threshold"))
+      printf("%s%s %llu", n++ ? ", " : "glibc string thresholds (bytes): ", name, v);
+  }
+  if (f) pclose(f);
+  if (n) printf("\n\n");
+#endif
+}
+
 static void print_setup(CUdevice dev) {
   char name[128] = "fake", thp[2][128] = {"?", "?"};
   int version = 0;
@@ -543,6 +624,7 @@ static void print_setup(CUdevice dev) {
   sched_getaffinity(0, sizeof set, &set);
   printf("bench_pause: %s, CUDA driver %d, %d CPUs, transparent huge pages: %s (defrag: %s); %zu MiB per row, "
          "median of %d cycles\n\n", name, version, CPU_COUNT(&set), thp[0], thp[1], row_total / MIB, CYCLES);
+  print_glibc_thresholds();
 }
 
 static int setup(void) {
@@ -578,17 +660,23 @@ static int setup(void) {
 }
 
 static const variant designs[] = {
-    {"vmmarena, 16 MiB staging", "16M", 0},
-    {"vmmarena, 64 MiB staging", "64M", 0},
-    {"vmmarena, 256 MiB staging", "256M", 0},
-    {"vmmarena, 32 MiB staging kept between calls", "32M,keep", 0},
-    {"vmmarena, 64 MiB staging kept between calls", "64M,keep", 0},
-    {"vmmarena, 4 copy threads", NULL, 4},
-    {"vmmarena, 8 copy threads", NULL, 8},
-    {"vmmarena, staging off: synchronous copies into pageable memory (the design before)", "0", 0},
+    {"vmmarena, pause slices of 256 KiB or more, one chunk at a time (the slicing before)", NULL, 0, VMM_COPY_SMALL},
+    {"vmmarena, pause slices on the backups' 2 MiB pages, one chunk at a time", NULL, 0, VMM_COPY_PAGES_SERIAL},
+    {"vmmarena, pause slices on 2 MiB pages, out of up to 4 chunks at once (the default)", NULL, 0, VMM_COPY_PAGES},
+    {"vmmarena, 2 MiB slices, 4 chunks at once, idle threads touch the pages ahead", NULL, 0, VMM_COPY_TOUCH_AHEAD},
+    {"vmmarena, 2 MiB slices, one chunk at a time, idle threads touch the pages ahead", NULL, 0, VMM_COPY_TOUCH_SERIAL},
+    {"vmmarena, 16 MiB staging", "16M", 0, VMM_COPY_PAGES},
+    {"vmmarena, 64 MiB staging", "64M", 0, VMM_COPY_PAGES},
+    {"vmmarena, 256 MiB staging", "256M", 0, VMM_COPY_PAGES},
+    {"vmmarena, 32 MiB staging kept between calls", "32M,keep", 0, VMM_COPY_PAGES},
+    {"vmmarena, 64 MiB staging kept between calls", "64M,keep", 0, VMM_COPY_PAGES},
+    {"vmmarena, 4 copy threads", NULL, 4, VMM_COPY_PAGES},
+    {"vmmarena, 8 copy threads", NULL, 8, VMM_COPY_PAGES},
+    {"vmmarena, staging off: synchronous copies into pageable memory (the design before)", "0", 0, VMM_COPY_PAGES},
 };
 
 int main(int argc, char **argv) {
+  double start = now_s();
   fake = argc > 1 && !strcmp(argv[1], "--fake");
   if (fake) row_total = 64 * MIB;
   if (setup()) return 1;
@@ -596,7 +684,7 @@ int main(int argc, char **argv) {
   static const size_t fake_sizes[] = {4 * MIB, 16 * MIB, 64 * MIB, 2 * MIB};
   const size_t *sizes = fake ? fake_sizes : real_sizes;
   size_t rows = fake ? 4 : 5, design_bytes = fake ? 16 * MIB : 256 * MIB;
-  variant def = {"vmmarena (32 MiB staging, 16 copy threads)", NULL, 0};
+  variant def = {"vmmarena (32 MiB staging, 16 copy threads)", NULL, 0, VMM_COPY_PAGES};
   result r, ref = {0};
   print_head();
   for (size_t i = 0; i < rows; i++) {
@@ -621,6 +709,6 @@ int main(int argc, char **argv) {
     host_side();
     staging_costs();
   }
-  printf("\nbench_pause: %s\n", failures ? "FAILED" : "done");
+  printf("\nbench_pause: %s in %.0f s\n", failures ? "FAILED" : "done", now_s() - start);
   return failures ? 1 : 0;
 }

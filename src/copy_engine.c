@@ -1,11 +1,14 @@
 /* The copy engine of backups (VMM_PAUSE_BACKUP): a few pinned staging buffers, each with its
  * own stream, and host threads. Device to host, the device copies the next chunks into their
- * buffers while the threads copy the current chunk from its buffer into the pageable backup;
- * host to device the other way round. Only the calling thread calls the driver (so a run's
- * calls come in one order); the worker threads only copy host memory. One copy of an arena
- * runs at a time (they share the link) and outside the arena lock. Also here: the wait for the
- * allocations' streams that comes before a pause copies or unmaps them, and the condition on
- * which pause and resume calls wait for their turn (pause.c). */
+ * buffers while the threads copy the finished ones out into the pageable backups, in slices
+ * cut on the backups' 2 MiB pages, so that one thread writes a fresh huge page (the others
+ * writing into it would wait for its fault) (vmm_copier_design chooses how); host to device
+ * the other way round, one chunk at a time.
+ * Only the calling thread calls the driver (so a run's calls come in one order); the worker
+ * threads only copy (and touch) host memory. One copy of an arena runs at a time (they share
+ * the link) and outside the arena lock. Also here: the wait for the allocations' streams that
+ * comes before a pause copies or unmaps them, and the condition on which pause and resume
+ * calls wait for their turn (pause.c). */
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -18,7 +21,23 @@
 #define MAX_THREADS 16                   /* host threads copying at once, the caller included */
 #define MIN_SLICE ((size_t)256 << 10)    /* the least a thread copies at a time */
 #define PAGE ((size_t)4096)
+#define HUGE ((size_t)2 << 20)           /* a huge page: backups start on one (backup.c) */
 #define SPIN_NS 2000000ull               /* a thread spins this long for the next chunk, then sleeps */
+
+vmm_copy_design vmm_copier_design = VMM_COPY_PAGES; /* for the copiers made from now on */
+
+/* What each design does device to host. */
+static const struct {
+  bool pages; /* slices end where the backup's 2 MiB page changes, else anywhere */
+  int depth;  /* finished chunks the threads copy out of at once */
+  bool touch; /* idle threads touch the backup pages past the chunks posted */
+} designs[VMM_COPY_DESIGNS] = {
+    [VMM_COPY_PAGES] = {true, SLOTS, false},
+    [VMM_COPY_PAGES_SERIAL] = {true, 1, false},
+    [VMM_COPY_SMALL] = {false, 1, false},
+    [VMM_COPY_TOUCH_AHEAD] = {true, SLOTS, true},
+    [VMM_COPY_TOUCH_SERIAL] = {true, 1, true},
+};
 
 typedef struct vmm_copier vmm_copier;
 
@@ -32,10 +51,12 @@ typedef struct plan {
 
 /* One chunk's host side, cut into slices that the threads take one at a time. */
 typedef struct job {
-  const plan *p;                    /* the copy it belongs to */
-  size_t at, len;                   /* bytes [at, at + len) of the copy */
-  char *buf;                        /* the chunk's staging buffer */
-  size_t slice, slices, next, done; /* slice bytes; slices; the next to take; those done (atomic) */
+  const plan *p;     /* the copy it belongs to */
+  size_t at, len;    /* bytes [at, at + len) of the copy */
+  char *buf;         /* the chunk's staging buffer */
+  size_t want;       /* bytes a slice takes at least (the last one excepted) */
+  bool pages;        /* slices end on the backups' 2 MiB pages */
+  size_t next, done; /* the first byte not taken; bytes copied (atomic) */
 } job;
 
 struct vmm_copier {
@@ -43,14 +64,22 @@ struct vmm_copier {
   pthread_mutex_t mu;      /* a leaf: never held while taking the arena lock */
   pthread_cond_t work;     /* the threads sleep here when no chunk came for SPIN_NS */
   pthread_cond_t finished; /* the caller waits for a chunk's last slice */
+  pthread_cond_t touched;  /* the caller waits for the touches of a chunk it posts */
   pthread_cond_t idle;     /* a copy waits for the one running */
   pthread_cond_t turn;     /* with the arena lock: a pause or resume waits for another's end */
   pthread_t thread[MAX_THREADS - 1]; /* the worker threads */
-  int threads, sleepers;   /* workers started; workers asleep on `work` */
+  int threads, sleepers, ids; /* workers started; workers asleep on `work`; ids given */
   bool started, stopping, busy; /* threads started once; destroy stops them; a copy runs */
   int waiting;             /* copies waiting for the one running */
-  job job;                 /* the chunk the threads copy now */
+  vmm_copy_design design;  /* vmm_copier_design when the copier was made */
+  job jobs[SLOTS];         /* the chunks posted, oldest first from `head` */
+  int head, count;         /* the oldest posted; how many */
   size_t posted;           /* jobs posted so far: the threads spin on it (atomic) */
+  const plan *touching;    /* the copy whose backups idle threads touch ahead; NULL: none */
+  size_t front;            /* the end of the last chunk posted: touches start there or later */
+  size_t touch_next, ahead; /* the next byte to touch; how far past `front` at most */
+  size_t touch_step;       /* bytes one write faults in: 2 MiB with huge pages, else 4 KiB */
+  size_t touch_at[MAX_THREADS - 1]; /* where each worker touches now; SIZE_MAX: nowhere */
   char *buf[SLOTS];        /* pinned; NULL while released */
   CUstream stream[SLOTS];  /* made on first use, destroyed by stop */
 };
@@ -74,14 +103,28 @@ vmm_status vmm_copy_fail(vmm_arena *a, const vmm_copy_error *e, const char *call
 
 /* ---- The copier and the turns of pause and resume ------------------------------------ */
 
+/* Bytes one write faults in: 2 MiB where transparent huge pages are on (the backups ask for
+ * them), else 4 KiB. */
+static size_t fault_bytes(void) {
+  char s[128] = "";
+  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  if (f && !fgets(s, sizeof s, f)) s[0] = '\0';
+  if (f) fclose(f);
+  return s[0] && !strstr(s, "[never]") ? HUGE : PAGE;
+}
+
 vmm_status vmm_copier_get(vmm_arena *a) {
   if (a->copier) return VMM_OK;
   vmm_copier *c = calloc(1, sizeof *c);
   if (!c) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for the copier (%zu B); nothing changed", sizeof *c);
   c->a = a;
+  c->design = (unsigned)vmm_copier_design < (unsigned)VMM_COPY_DESIGNS ? vmm_copier_design : VMM_COPY_PAGES;
+  c->touch_step = designs[c->design].touch ? fault_bytes() : PAGE;
+  for (int i = 0; i < MAX_THREADS - 1; i++) c->touch_at[i] = SIZE_MAX;
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->work, NULL);
   pthread_cond_init(&c->finished, NULL);
+  pthread_cond_init(&c->touched, NULL);
   pthread_cond_init(&c->idle, NULL);
   pthread_cond_init(&c->turn, NULL);
   a->copier = c;
@@ -94,7 +137,7 @@ void vmm_copier_end_turn(vmm_arena *a) {
   if (a->copier) pthread_cond_broadcast(&a->copier->turn);
 }
 
-/* ---- Host threads -------------------------------------------------------------------- */
+/* ---- Slices -------------------------------------------------------------------------- */
 
 /* The segment holding byte `at` of the copy (the last one starting at or before it). */
 static size_t segment_of(const plan *p, size_t at) {
@@ -107,10 +150,27 @@ static size_t segment_of(const plan *p, size_t at) {
   return lo;
 }
 
-/* Copies slice i of the job between its staging buffer and the host side of the segments. */
-static void copy_slice(const job *j, size_t i) {
+/* The first place at or after byte x of the copy (x < total) where its host side enters
+ * another 2 MiB page: a 2 MiB boundary of the host address, or a segment's start. */
+static size_t page_cut(const plan *p, size_t x) {
+  size_t s = segment_of(p, x), in = x - p->start[s], rest = p->start[s + 1] - x;
+  size_t into = ((uintptr_t)p->seg[s].host + in) & (HUGE - 1);
+  if (in == 0 || into == 0) return x;
+  return x + (HUGE - into < rest ? HUGE - into : rest);
+}
+
+/* The end of the slice of job j that starts at byte `off` of it: `want` bytes on, moved on to
+ * the next page cut where the job cuts on pages; the job's end at most. */
+static size_t slice_end(const job *j, size_t off) {
+  if (j->len - off <= j->want) return j->len;
+  if (!j->pages) return off + j->want;
+  size_t end = page_cut(j->p, j->at + off + j->want) - j->at;
+  return end < j->len ? end : j->len;
+}
+
+/* Copies bytes [off, end) of job j between its staging buffer and the segments' host side. */
+static void copy_range(const job *j, size_t off, size_t end) {
   const plan *p = j->p;
-  size_t off = i * j->slice, end = j->len - off < j->slice ? j->len : off + j->slice;
   for (size_t s = segment_of(p, j->at + off); off < end; s++) {
     size_t at = j->at + off, in = at - p->start[s], n = p->start[s + 1] - at;
     if (n > end - off) n = end - off;
@@ -119,6 +179,20 @@ static void copy_slice(const job *j, size_t i) {
     off += n;
   }
 }
+
+/* Writes a zero at the start of each page of the host side of bytes [at, end) of the copy
+ * (every `step` bytes of host memory), which nothing has copied into yet, so that the copy out
+ * finds them faulted in. */
+static void touch_range(const plan *p, size_t at, size_t end, size_t step) {
+  for (size_t s = segment_of(p, at); at < end; s++) {
+    size_t in = at - p->start[s], n = p->start[s + 1] - at < end - at ? p->start[s + 1] - at : end - at;
+    for (uintptr_t h = (uintptr_t)p->seg[s].host + in, stop = h + n; h < stop; h = (h | (step - 1)) + 1)
+      *(volatile char *)h = 0;
+    at += n;
+  }
+}
+
+/* ---- Host threads -------------------------------------------------------------------- */
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -141,27 +215,64 @@ static bool spin(const size_t *word, size_t want, bool at_least) {
   }
 }
 
-/* Takes and copies slices of the current job until none is left; mu held, released while
- * copying. The last slice done wakes the caller. */
-static void take_slices(vmm_copier *c) {
-  while (c->job.next < c->job.slices) {
-    size_t i = c->job.next++;
-    job j = c->job;
-    pthread_mutex_unlock(&c->mu);
-    copy_slice(&j, i);
-    pthread_mutex_lock(&c->mu);
-    if (__atomic_add_fetch(&c->job.done, 1, __ATOMIC_RELEASE) == c->job.slices) pthread_cond_signal(&c->finished);
+/* The oldest posted job with slices left to take, or NULL. mu held. */
+static job *open_job(vmm_copier *c) {
+  for (int k = 0; k < c->count; k++) {
+    job *j = &c->jobs[(c->head + k) % SLOTS];
+    if (j->next < j->len) return j;
   }
+  return NULL;
+}
+
+/* Takes and copies slices, of job `only` or else of the oldest job with some left, until none
+ * is left; mu held, released while copying. Returns whether it copied any. A job's last slice
+ * wakes the caller. */
+static bool take_slices(vmm_copier *c, job *only) {
+  bool took = false;
+  for (job *j; (j = only ? (only->next < only->len ? only : NULL) : open_job(c)) != NULL; took = true) {
+    size_t off = j->next, end = slice_end(j, off);
+    j->next = end;
+    pthread_mutex_unlock(&c->mu);
+    copy_range(j, off, end);
+    pthread_mutex_lock(&c->mu);
+    if (__atomic_add_fetch(&j->done, end - off, __ATOMIC_RELEASE) == j->len) pthread_cond_signal(&c->finished);
+  }
+  return took;
+}
+
+/* Whether a worker touches a byte of the copy before x. mu held. */
+static bool touching_below(const vmm_copier *c, size_t x) {
+  for (int i = 0; i < MAX_THREADS - 1; i++)
+    if (c->touch_at[i] < x) return true;
+  return false;
+}
+
+/* Touch ahead: takes the next 2 MiB page of the backups past the chunks posted (at most
+ * `ahead` bytes past them) and writes into it. mu held, released while writing. Returns
+ * whether it touched any. */
+static bool touch_some(vmm_copier *c, int me) {
+  const plan *p = c->touching;
+  if (!p) return false;
+  size_t total = p->start[p->n], stop = total - c->front > c->ahead ? c->front + c->ahead : total;
+  if (c->touch_next < c->front) c->touch_next = c->front;
+  if (c->touch_next >= stop) return false;
+  size_t at = c->touch_next, end = at + 1 < total ? page_cut(p, at + 1) : total;
+  c->touch_next = end;
+  c->touch_at[me] = at;
+  pthread_mutex_unlock(&c->mu);
+  touch_range(p, at, end, c->touch_step);
+  pthread_mutex_lock(&c->mu);
+  c->touch_at[me] = SIZE_MAX;
+  pthread_cond_broadcast(&c->touched);
+  return true;
 }
 
 static void *worker(void *arg) {
   vmm_copier *c = arg;
   pthread_mutex_lock(&c->mu);
+  int me = c->ids++;
   while (!c->stopping) {
-    if (c->job.next < c->job.slices) {
-      take_slices(c);
-      continue;
-    }
+    if (take_slices(c, NULL) || touch_some(c, me)) continue;
     size_t seen = c->posted;
     pthread_mutex_unlock(&c->mu);
     bool posted = spin(&c->posted, seen, false);
@@ -197,23 +308,54 @@ static void start_threads(vmm_copier *c) {
   pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
-/* Copies bytes [at, at + len) of the copy between `buf` and the host side, with every thread
- * and the caller, and returns when it is done. */
-static void host_copy(vmm_copier *c, const plan *p, size_t at, size_t len, char *buf) {
-  size_t parts = 2 * (size_t)(c->threads + 1);
-  size_t slice = ((len + parts - 1) / parts + PAGE - 1) & ~(PAGE - 1);
-  if (slice < MIN_SLICE) slice = MIN_SLICE;
+/* Posts bytes [at, at + len) of the copy, in `buf`, to the threads, once no touch ahead
+ * writes into them: slices of len / 2 (threads + 1) bytes or more, in whole pages. */
+static void post(vmm_copier *c, const plan *p, size_t at, size_t len, char *buf) {
+  bool pages = p->to_host && designs[c->design].pages;
+  size_t parts = 2 * (size_t)(c->threads + 1), want = ((len + parts - 1) / parts + PAGE - 1) & ~(PAGE - 1);
+  if (want < MIN_SLICE) want = MIN_SLICE;
+  if (pages) want = (want + HUGE - 1) & ~(HUGE - 1);
   pthread_mutex_lock(&c->mu);
-  c->job = (job){p, at, len, buf, slice, (len + slice - 1) / slice, 0, 0};
+  c->front = at + len;
+  while (touching_below(c, c->front)) pthread_cond_wait(&c->touched, &c->mu);
+  c->jobs[(c->head + c->count++) % SLOTS] = (job){p, at, len, buf, want, pages, 0, 0};
   __atomic_store_n(&c->posted, c->posted + 1, __ATOMIC_RELEASE);
-  if (c->sleepers && c->job.slices > 1) pthread_cond_broadcast(&c->work);
-  take_slices(c);
-  if (c->job.done < c->job.slices) {
+  if (c->sleepers && (len > want || c->touching)) pthread_cond_broadcast(&c->work);
+  pthread_mutex_unlock(&c->mu);
+}
+
+/* Copies slices of the oldest job posted until it has none left, waits for the threads' last
+ * ones and retires it. */
+static void finish(vmm_copier *c) {
+  pthread_mutex_lock(&c->mu);
+  job *j = &c->jobs[c->head];
+  size_t len = j->len;
+  take_slices(c, j);
+  if (j->done < len) {
     pthread_mutex_unlock(&c->mu);
-    (void)spin(&c->job.done, c->job.slices, true);
+    (void)spin(&j->done, len, true);
     pthread_mutex_lock(&c->mu);
   }
-  while (c->job.done < c->job.slices) pthread_cond_wait(&c->finished, &c->mu);
+  while (j->done < len) pthread_cond_wait(&c->finished, &c->mu);
+  c->head = (c->head + 1) % SLOTS, c->count--;
+  pthread_mutex_unlock(&c->mu);
+}
+
+/* Starts the touching ahead of a copy to the host, where the design does. */
+static void touch_begin(vmm_copier *c, const plan *p, size_t chunk) {
+  if (!designs[c->design].touch) return;
+  pthread_mutex_lock(&c->mu);
+  c->touching = p, c->front = 0, c->touch_next = 0, c->ahead = 2 * SLOTS * chunk;
+  __atomic_store_n(&c->posted, c->posted + 1, __ATOMIC_RELEASE);
+  if (c->sleepers) pthread_cond_broadcast(&c->work);
+  pthread_mutex_unlock(&c->mu);
+}
+
+/* Ends the touching and waits for the touches in flight (the backups may be freed next). */
+static void touch_end(vmm_copier *c) {
+  pthread_mutex_lock(&c->mu);
+  c->touching = NULL;
+  while (touching_below(c, SIZE_MAX)) pthread_cond_wait(&c->touched, &c->mu);
   pthread_mutex_unlock(&c->mu);
 }
 
@@ -325,18 +467,30 @@ static bool queue(vmm_copier *c, const plan *p, int i, size_t chunk, size_t *nex
   return issue(c, p, i, at[i], len[i], err);
 }
 
-/* Device to host: SLOTS chunks in flight; each one done is copied out by the threads and its
- * buffer takes the next chunk. The busy slots are always one run, in the order they fill. */
+/* Device to host: SLOTS chunks in flight. The caller waits for the device's chunks in the
+ * order they fill and posts each to the threads, up to the design's depth at once; a chunk
+ * copied out gives its buffer the next chunk. Device and host slots both go round in order. */
 static bool pump_to_host(vmm_copier *c, const plan *p, size_t chunk, vmm_copy_error *err) {
   size_t total = p->start[p->n], next = 0, at[SLOTS] = {0}, len[SLOTS] = {0};
   bool busy[SLOTS] = {false}, ok = true;
+  int d = 0, h = 0, posted = 0, depth = designs[c->design].depth; /* device's next; host's oldest */
+  touch_begin(c, p, chunk);
   for (int i = 0; i < SLOTS && ok && next < total; i++) ok = queue(c, p, i, chunk, &next, at, len, busy, err);
-  for (int i = 0; ok && busy[i]; i = (i + 1) % SLOTS) {
-    busy[i] = false;
-    if (!(ok = sync_slot(c, i, at[i], len[i], err))) break;
-    host_copy(c, p, at[i], len[i], c->buf[i]);
-    if (next < total) ok = queue(c, p, i, chunk, &next, at, len, busy, err);
+  while (ok && (busy[d] || posted)) {
+    if (busy[d] && posted < depth) {
+      busy[d] = false;
+      if (!(ok = sync_slot(c, d, at[d], len[d], err))) break;
+      post(c, p, at[d], len[d], c->buf[d]);
+      posted++, d = (d + 1) % SLOTS;
+    } else {
+      finish(c);
+      posted--;
+      if (next < total) ok = queue(c, p, h, chunk, &next, at, len, busy, err);
+      h = (h + 1) % SLOTS;
+    }
   }
+  for (; posted; posted--) finish(c);
+  touch_end(c);
   for (int i = 0; i < SLOTS; i++)
     if (busy[i]) (void)sync_slot(c, i, at[i], len[i], NULL);
   return ok;
@@ -353,7 +507,8 @@ static bool pump_to_device(vmm_copier *c, const plan *p, size_t chunk, vmm_copy_
       if (!(ok = sync_slot(c, i, at[i], len[i], err))) break;
     }
     size_t n = total - next < chunk ? total - next : chunk;
-    host_copy(c, p, next, n, c->buf[i]);
+    post(c, p, next, n, c->buf[i]);
+    finish(c);
     ok = queue(c, p, i, chunk, &next, at, len, busy, err);
   }
   for (int i = 0; i < SLOTS; i++) { /* the last copies; the first failure is the one reported */
@@ -422,6 +577,7 @@ void vmm_copier_stop(vmm_arena *a) {
   }
   pthread_cond_destroy(&c->work);
   pthread_cond_destroy(&c->finished);
+  pthread_cond_destroy(&c->touched);
   pthread_cond_destroy(&c->idle);
   pthread_cond_destroy(&c->turn);
   pthread_mutex_destroy(&c->mu);

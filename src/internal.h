@@ -711,6 +711,20 @@ typedef struct vmm_copy_segment {
   size_t bytes;
 } vmm_copy_segment;
 
+/* How a pause shares its chunks among the host threads (host to device is always one chunk at a
+ * time, in slices of any 4 KiB). Not a setting: the benchmark and the tests set
+ * vmm_copier_design before creating an arena, whose copier reads it once; the first is the
+ * default. */
+typedef enum vmm_copy_design {
+  VMM_COPY_PAGES,        /* slices on the backups' 2 MiB pages, out of every chunk the device finished */
+  VMM_COPY_PAGES_SERIAL, /* slices on the backups' 2 MiB pages, one chunk at a time */
+  VMM_COPY_SMALL,        /* slices of 256 KiB or more on any 4 KiB, one chunk at a time (the design before) */
+  VMM_COPY_TOUCH_AHEAD,  /* as PAGES, and idle threads touch the backups' pages of the chunks to come */
+  VMM_COPY_TOUCH_SERIAL, /* as PAGES_SERIAL, and idle threads touch the backups' pages of the chunks to come */
+  VMM_COPY_DESIGNS
+} vmm_copy_design;
+VMM_INTERNAL extern vmm_copy_design vmm_copier_design;
+
 /* What failed in a copy made outside the arena lock, recorded once the lock is held again. */
 typedef struct vmm_copy_error {
   vmm_status status;      /* VMM_ERR_OUT_OF_MEMORY (host, or a driver out of memory) or VMM_ERR_DRIVER */
