@@ -111,6 +111,8 @@ def catalog_worker(job):
         snap = vmm.snapshot(0)
         result["vmm_physical_peak_bytes"] = snap["totals"]["physical_peak_bytes"]
         result["usage"] = vmm._lib.usage(0)
+        result["driver"] = snap["driver"]  # calls and time per entry point, to see where the time goes
+        result["pool"] = {k: v for k, v in snap["pool"].items() if k != "buckets"}
     torch.save(logits, job["logits"])
     Path(job["result"]).write_text(json.dumps(result))
 
