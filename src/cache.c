@@ -33,7 +33,7 @@ vmm_status vmm_arena_release_pool(vmm_arena *a, vmm_pool_id pool) {
     st = vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "release_pool(%llu): host out of memory; the pool stays",
                   (unsigned long long)pool);
   else
-    share_pooled(a, pool);
+    share_pooled(a, pool), vmm_retiring_release_pool(a, pool);
   vmm_ctx_leave(a);
   pthread_mutex_unlock(&a->lock);
   return st;

@@ -657,8 +657,11 @@ VMM_INTERNAL bool vmm_work_complete(vmm_arena *a, const vmm_free_work *w);
 VMM_INTERNAL int vmm_retiring_reserve(vmm_arena *a, size_t n);
 /* A range retires: it stays mapped until its work completes (room reserved first). */
 VMM_INTERNAL void vmm_retiring_add(vmm_arena *a, const vmm_retiring_range *range);
-/* Unmaps and frees the retiring ranges whose work is known complete (no host wait). */
+/* Unmaps and frees the retiring ranges of the shared pool whose work is known complete (no
+ * host wait). */
 VMM_INTERNAL void vmm_retiring_settle(vmm_arena *a);
+/* After the device's work (a quiesce): unmaps and frees the ranges a graph's pool kept. */
+VMM_INTERNAL void vmm_retiring_release_pool(vmm_arena *a, vmm_pool_id pool);
 /* Waits for the work of every retiring range whose streams do not capture, then unmaps and
  * frees those ranges (finish, empty_cache, a refusal's release). */
 VMM_INTERNAL vmm_status vmm_retiring_drain(vmm_arena *a, const char *what);

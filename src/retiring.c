@@ -47,15 +47,16 @@ static void unmap_one(vmm_arena *a, size_t i, const char *what) {
   vmm_ranges_keep_stuck(a, x.base, x.size);
 }
 
-/* Whether a graph may still use the range: its pool is not yet released. */
-static bool graph_holds(const vmm_arena *a, const vmm_retiring_range *x) {
-  return x->pool != VMM_POOL_SHARED && !vmm_id_set_has(&a->released_pools, x->pool);
-}
-
 void vmm_retiring_settle(vmm_arena *a) {
   vmm_retiring *r = &a->retiring;
+  for (size_t i = r->count; i-- > 0;) /* a graph's range waits for its pool's release */
+    if (r->items[i].pool == VMM_POOL_SHARED && vmm_work_complete(a, &r->items[i].work)) unmap_one(a, i, "settling");
+}
+
+void vmm_retiring_release_pool(vmm_arena *a, vmm_pool_id pool) {
+  vmm_retiring *r = &a->retiring;
   for (size_t i = r->count; i-- > 0;)
-    if (!graph_holds(a, &r->items[i]) && vmm_work_complete(a, &r->items[i].work)) unmap_one(a, i, "settling");
+    if (r->items[i].pool == pool) unmap_one(a, i, "release_pool");
 }
 
 /* Waits for stream s unless it captures (*skipped then). */
@@ -73,7 +74,7 @@ vmm_status vmm_retiring_drain(vmm_arena *a, const char *what) {
   vmm_retiring *r = &a->retiring;
   for (size_t i = r->count; i-- > 0;) {
     vmm_free_work *w = &r->items[i].work;
-    if (graph_holds(a, &r->items[i])) continue;
+    if (r->items[i].pool != VMM_POOL_SHARED) continue; /* a live graph's: its replays use it */
     bool skipped = false;
     vmm_status st = w->epoch < a->epoch ? VMM_OK : wait_stream(a, w->stream, what, &skipped);
     for (uint32_t k = 0; k < w->use_count && st == VMM_OK && w->epoch >= a->epoch; k++)
