@@ -147,7 +147,7 @@ typedef struct variant {
   const char *name;
   const char *staging;    /* VMMARENA_PAUSE_STAGING value; NULL = the default */
   int cpus;               /* CPUs the copier's threads may use; 0 = all */
-  vmm_copy_design design; /* how the threads share a pause's chunks (VMM_COPY_PAGES: the default) */
+  vmm_copy_design design; /* how the threads share a pause's chunks (VMM_COPY_TOUCH_AHEAD: the default) */
 } variant;
 
 typedef struct result {
@@ -389,7 +389,7 @@ static int design_row(int design, size_t bytes, result *r) {
   size_t n = row_total / bytes;
   void *p[MAX_ALLOCS] = {0};
   memset(r, 0, sizeof *r);
-  variant v = {"", NULL, 0, VMM_COPY_PAGES};
+  variant v = {"", NULL, 0, VMM_COPY_TOUCH_AHEAD};
   vmm_arena *a = arena_for(&v);
   if (!a) return failures++, -1;
   size_t made = 0;
@@ -662,16 +662,16 @@ static int setup(void) {
 static const variant designs[] = {
     {"vmmarena, pause slices of 256 KiB or more, one chunk at a time (the slicing before)", NULL, 0, VMM_COPY_SMALL},
     {"vmmarena, pause slices on the backups' 2 MiB pages, one chunk at a time", NULL, 0, VMM_COPY_PAGES_SERIAL},
-    {"vmmarena, pause slices on 2 MiB pages, out of up to 4 chunks at once (the default)", NULL, 0, VMM_COPY_PAGES},
-    {"vmmarena, 2 MiB slices, 4 chunks at once, idle threads touch the pages ahead", NULL, 0, VMM_COPY_TOUCH_AHEAD},
+    {"vmmarena, pause slices on 2 MiB pages, out of up to 4 chunks at once", NULL, 0, VMM_COPY_PAGES},
+    {"vmmarena, 2 MiB slices, 4 chunks at once, idle threads touch the pages ahead (the default)", NULL, 0, VMM_COPY_TOUCH_AHEAD},
     {"vmmarena, 2 MiB slices, one chunk at a time, idle threads touch the pages ahead", NULL, 0, VMM_COPY_TOUCH_SERIAL},
-    {"vmmarena, 16 MiB staging", "16M", 0, VMM_COPY_PAGES},
-    {"vmmarena, 64 MiB staging", "64M", 0, VMM_COPY_PAGES},
-    {"vmmarena, 256 MiB staging", "256M", 0, VMM_COPY_PAGES},
-    {"vmmarena, 32 MiB staging kept between calls", "32M,keep", 0, VMM_COPY_PAGES},
-    {"vmmarena, 64 MiB staging kept between calls", "64M,keep", 0, VMM_COPY_PAGES},
-    {"vmmarena, 4 copy threads", NULL, 4, VMM_COPY_PAGES},
-    {"vmmarena, 8 copy threads", NULL, 8, VMM_COPY_PAGES},
+    {"vmmarena, 16 MiB staging", "16M", 0, VMM_COPY_TOUCH_AHEAD},
+    {"vmmarena, 64 MiB staging", "64M", 0, VMM_COPY_TOUCH_AHEAD},
+    {"vmmarena, 256 MiB staging", "256M", 0, VMM_COPY_TOUCH_AHEAD},
+    {"vmmarena, 32 MiB staging kept between calls", "32M,keep", 0, VMM_COPY_TOUCH_AHEAD},
+    {"vmmarena, 64 MiB staging kept between calls", "64M,keep", 0, VMM_COPY_TOUCH_AHEAD},
+    {"vmmarena, 4 copy threads", NULL, 4, VMM_COPY_TOUCH_AHEAD},
+    {"vmmarena, 8 copy threads", NULL, 8, VMM_COPY_TOUCH_AHEAD},
     {"vmmarena, staging off: synchronous copies into pageable memory (the design before)", "0", 0, VMM_COPY_PAGES},
 };
 
@@ -684,7 +684,7 @@ int main(int argc, char **argv) {
   static const size_t fake_sizes[] = {4 * MIB, 16 * MIB, 64 * MIB, 2 * MIB};
   const size_t *sizes = fake ? fake_sizes : real_sizes;
   size_t rows = fake ? 4 : 5, design_bytes = fake ? 16 * MIB : 256 * MIB;
-  variant def = {"vmmarena (32 MiB staging, 16 copy threads)", NULL, 0, VMM_COPY_PAGES};
+  variant def = {"vmmarena (32 MiB staging, 16 copy threads)", NULL, 0, VMM_COPY_TOUCH_AHEAD};
   result r, ref = {0};
   print_head();
   for (size_t i = 0; i < rows; i++) {

@@ -24,7 +24,7 @@
 #define HUGE ((size_t)2 << 20)           /* a huge page: backups start on one (backup.c) */
 #define SPIN_NS 2000000ull               /* a thread spins this long for the next chunk, then sleeps */
 
-vmm_copy_design vmm_copier_design = VMM_COPY_PAGES; /* for the copiers made from now on */
+vmm_copy_design vmm_copier_design = VMM_COPY_TOUCH_AHEAD; /* for the copiers made from now on */
 
 /* What each design does device to host. */
 static const struct {
@@ -118,7 +118,7 @@ vmm_status vmm_copier_get(vmm_arena *a) {
   vmm_copier *c = calloc(1, sizeof *c);
   if (!c) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for the copier (%zu B); nothing changed", sizeof *c);
   c->a = a;
-  c->design = (unsigned)vmm_copier_design < (unsigned)VMM_COPY_DESIGNS ? vmm_copier_design : VMM_COPY_PAGES;
+  c->design = (unsigned)vmm_copier_design < (unsigned)VMM_COPY_DESIGNS ? vmm_copier_design : VMM_COPY_TOUCH_AHEAD;
   c->touch_step = designs[c->design].touch ? fault_bytes() : PAGE;
   for (int i = 0; i < MAX_THREADS - 1; i++) c->touch_at[i] = SIZE_MAX;
   pthread_mutex_init(&c->mu, NULL);

@@ -716,8 +716,8 @@ typedef struct vmm_copy_segment {
 
 /* How a pause shares its chunks among the host threads (host to device is always one chunk at a
  * time, in slices of any 4 KiB). Not a setting: the benchmark and the tests set
- * vmm_copier_design before creating an arena, whose copier reads it once; the first is the
- * default. */
+ * vmm_copier_design before creating an arena, whose copier reads it once; TOUCH_AHEAD is the
+ * default (docs/benchmarks.md, section 5, says why). */
 typedef enum vmm_copy_design {
   VMM_COPY_PAGES,        /* slices on the backups' 2 MiB pages, out of every chunk the device finished */
   VMM_COPY_PAGES_SERIAL, /* slices on the backups' 2 MiB pages, one chunk at a time */
