@@ -414,6 +414,8 @@ typedef struct vmm_snapshot {
   uint64_t assembled_idle_handles;              /* idle handles mapped again by assemblies */
   uint64_t assembly_created_bytes;              /* new memory created to top assemblies up */
   uint64_t pooled_taken_apart;                  /* pooled mappings taken apart to serve assemblies */
+  uint64_t prefix_hits;                         /* whole-process mode: requests served in place by
+                                                   the first handles of a larger pooled mapping */
   uint64_t pooled_taken_apart_early;            /* of those, taken before the work of their free was
                                                    known complete (whole-process mode): their
                                                    ranges retire */

@@ -57,6 +57,24 @@ static vmm_status from_pool(vmm_arena *a, const vmm_request *req, vmm_mapping **
   return *out ? VMM_OK : NOTHING;
 }
 
+/* Whole-process mode: the first handles of a larger pooled mapping, in place, where they make
+ * exactly the request; the rest stays pooled (no driver call, as a caching allocator splits a
+ * block). */
+static vmm_status from_pool_prefix(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
+  if (!a->cfg.caching || !pooling(a, req) || a->cfg.reuse != VMM_REUSE_EXACT) return NOTHING;
+  if (vmm_pool_reserve(&a->store.pool, 1)) return NOTHING;
+  hit_ctx c = {{a, req->stream, -1}, req->kind, req->pool};
+  uint32_t k;
+  vmm_mapping *m = vmm_pool_take_prefix(&a->store.pool, req->rounded, hit_usable, &c, &k);
+  if (!m) return NOTHING;
+  vmm_mapping *tail = vmm_mapping_split_tail(a, m, k);
+  (void)vmm_pool_push(&a->store.pool, tail ? tail : m); /* a spare bucket was reserved */
+  if (!tail) return NOTHING;
+  a->prefix_hits++;
+  *out = m;
+  return VMM_OK;
+}
+
 static vmm_status from_idle_and_new(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
   return assembling(a, req) ? vmm_assemble(a, req, VMM_ASSEMBLE_EXACT, NULL, out) : NOTHING;
 }
@@ -101,6 +119,7 @@ static const struct {
   vmm_status (*take)(vmm_arena *a, const vmm_request *req, vmm_mapping **out);
 } sources[] = {
     {false, from_pool},          /* pool hit: a pooled mapping the reuse policy allows, no driver call */
+    {false, from_pool_prefix},   /* whole-process mode: a larger pooled mapping's first handles, in place */
     {false, from_idle_and_new},  /* assembly: idle handles back to back, new memory only for the rest */
     {false, from_new_memory},    /* new memory: one handle, where nothing is kept */
     {true, from_any_pooled},     /* pooled fallback: any pooled mapping that fits, whatever its size */

@@ -139,6 +139,8 @@ typedef struct vmm_mapping {
   struct vmm_bucket *bucket;
   bool chosen;            /* picked by the assembly being planned (only during vmm_assemble) */
   bool early;             /* chosen before its free's work was known complete: its range retires */
+  bool tail;              /* split off in place after another mapping by a prefix hit: merged back
+                             into the one before it when that one is pooled */
   void *backup;           /* host copy of a paused allocation's contents (VMM_PAUSE_BACKUP; backup.c) */
 } vmm_mapping;
 
@@ -217,6 +219,10 @@ VMM_INTERNAL void vmm_mapping_hand_over(vmm_arena *a, vmm_mapping *m, struct vmm
 /* Pooled m (out of the pool) gave its first k handles to an assembly: they leave m, whose
  * range now starts after them; *range is the part before, for vmm_retiring_add. */
 VMM_INTERNAL void vmm_mapping_split_off(vmm_arena *a, vmm_mapping *m, uint32_t k, struct vmm_retiring_range *range);
+/* POOLED m (out of the pool) keeps its first k handles; the rest, in place after them, becomes
+ * a new POOLED record with m's kind, pool, tag and free, returned for the caller to pool.
+ * NULL on host out-of-memory, nothing changed. No driver call. */
+VMM_INTERNAL vmm_mapping *vmm_mapping_split_tail(vmm_arena *a, vmm_mapping *m, uint32_t k);
 /* Frees a paused allocation: no driver call where it holds no memory; its range returns. */
 VMM_INTERNAL vmm_status vmm_mapping_free_paused(vmm_arena *a, vmm_mapping *m, bool retain);
 /* Unmaps and releases everything of m, logging failures (destroy only). */
@@ -276,6 +282,11 @@ typedef struct vmm_store {
 typedef bool (*vmm_pool_usable_fn)(void *ctx, vmm_mapping *m);
 
 VMM_INTERNAL int vmm_pool_push(vmm_pool *p, vmm_mapping *m);
+/* A pooled mapping larger than `bytes` whose first *k handles make exactly `bytes`, usable
+ * (looking at a bounded number of candidates, smallest buckets first); removed and returned,
+ * or NULL. */
+VMM_INTERNAL vmm_mapping *vmm_pool_take_prefix(vmm_pool *p, size_t bytes, vmm_pool_usable_fn usable, void *ctx,
+                                               uint32_t *k);
 /* At least n buckets on the spare list, so that the next n pushes cannot fail: -1 on host OOM. */
 VMM_INTERNAL int vmm_pool_reserve(vmm_pool *p, size_t n);
 VMM_INTERNAL void vmm_pool_remove(vmm_pool *p, vmm_mapping *m);
@@ -430,7 +441,7 @@ struct vmm_arena {
   vmm_kind_stats kind[VMM_KIND_COUNT];
   uint64_t physical_bytes, physical_peak, mapped_bytes, mapped_peak;
   uint64_t scope_peak;         /* the physical peak since the active scope began */
-  uint64_t pool_hits, pool_misses, pool_fallbacks;
+  uint64_t pool_hits, pool_misses, pool_fallbacks, prefix_hits;
   uint64_t assemblies, padded_assemblies, assembled_idle_handles, assembly_created_bytes, pooled_taken_apart;
   uint64_t oom_refusals, limit_refusals, headroom_refusals;
   uint64_t allocs, frees, deferred_frees;

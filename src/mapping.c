@@ -109,7 +109,35 @@ int vmm_mapping_add_use(vmm_mapping *m, CUstream stream) {
   return 0;
 }
 
+/* In whole-process mode a mapping being pooled on `stream` takes back the tail a prefix hit
+ * split off it, if that is pooled, freed on the same stream, used by no other stream, of the
+ * same kind, pool and scope: the two are one mapping again. Nothing changes where the host has
+ * no memory for the handles. No driver call. */
+static void absorb_tail(vmm_arena *a, vmm_mapping *m, CUstream stream) {
+  vmm_mapping *t = vmm_table_find(&a->table, m->base + m->extent);
+  if (!t || !t->tail || t->state != VMM_MAP_POOLED || t->chosen || m->page || t->kind != m->kind ||
+      t->pool != m->pool || t->scope_id != m->scope_id || t->reservation != m->reservation || t->stream != stream ||
+      t->use_count)
+    return;
+  vmm_handle **hs = malloc((m->handle_count + t->handle_count) * sizeof *hs);
+  if (!hs) return;
+  memcpy(hs, m->handles, m->handle_count * sizeof *hs);
+  memcpy(hs + m->handle_count, t->handles, t->handle_count * sizeof *hs);
+  vmm_pool_remove(&a->store.pool, t);
+  vmm_stat_add(a, t->kind, t->state, t->extent, -1);
+  vmm_table_remove(&a->table, t->base);
+  vmm_stat_add(a, m->kind, m->state, m->extent, -1);
+  if (m->handles != &m->first) free(m->handles);
+  m->handles = hs;
+  m->handle_count += t->handle_count;
+  m->extent += t->extent;
+  vmm_stat_add(a, m->kind, m->state, m->extent, +1);
+  t->handles = &t->first, t->handle_count = 0; /* its handles are m's now */
+  vmm_mapping_free(t);
+}
+
 int vmm_mapping_pool(vmm_arena *a, vmm_mapping *m, CUstream stream) {
+  if (a->cfg.caching) absorb_tail(a, m, stream);
   CUstream old_stream = m->stream;
   uint64_t old_epoch = m->free_epoch;
   m->stream = stream;
@@ -202,6 +230,46 @@ void vmm_mapping_split_off(vmm_arena *a, vmm_mapping *m, uint32_t k, vmm_retirin
   a->mapped_bytes -= size;
   vmm_stat_add(a, m->kind, m->state, m->extent, +1);
   vmm_table_insert(&a->table, m); /* the slot just freed: cannot fail */
+}
+
+/* A record for m's handles from k on, in place, with m's kind, pool, tag and free. */
+static vmm_mapping *tail_record(const vmm_mapping *m, uint32_t k, size_t head) {
+  uint32_t n = m->handle_count - k;
+  vmm_mapping *t = vmm_mapping_new();
+  vmm_handle **hs = n > 1 ? malloc(n * sizeof *hs) : NULL;
+  CUstream *uses = m->use_count ? malloc(m->use_count * sizeof *uses) : NULL;
+  if (!t || (n > 1 && !hs) || (m->use_count && !uses)) {
+    vmm_mapping_free(t);
+    free(hs);
+    free(uses);
+    return NULL;
+  }
+  if (n > 1) t->handles = memcpy(hs, m->handles + k, n * sizeof *hs);
+  else t->first = m->handles[k];
+  if (uses) memcpy(uses, m->uses, m->use_count * sizeof *uses);
+  t->handle_count = n;
+  t->base = m->base + head, t->extent = m->extent - head, t->reservation = m->reservation;
+  t->kind = m->kind, t->pool = m->pool, t->tag = m->tag, t->scope_id = m->scope_id;
+  t->stream = m->stream, t->uses = uses, t->use_count = m->use_count;
+  t->free_epoch = m->free_epoch, t->free_seq = m->free_seq;
+  t->state = VMM_MAP_POOLED;
+  t->tail = true;
+  return t;
+}
+
+vmm_mapping *vmm_mapping_split_tail(vmm_arena *a, vmm_mapping *m, uint32_t k) {
+  vmm_assert(k > 0 && k < m->handle_count && m->state == VMM_MAP_POOLED && !m->page);
+  size_t head = 0;
+  for (uint32_t i = 0; i < k; i++) head += m->handles[i]->size;
+  vmm_mapping *t = vmm_table_reserve(&a->table) ? NULL : tail_record(m, k, head);
+  if (!t) return NULL;
+  vmm_stat_add(a, m->kind, m->state, m->extent, -1);
+  m->handle_count = k;
+  m->extent = head;
+  vmm_stat_add(a, m->kind, m->state, m->extent, +1);
+  vmm_stat_add(a, t->kind, t->state, t->extent, +1);
+  vmm_table_insert(&a->table, t);
+  return t;
 }
 
 /* m leaves the counters and the table; its handles go, and the record is freed. */

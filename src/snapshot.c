@@ -36,6 +36,7 @@ static void fill(const vmm_arena *a, vmm_snapshot *s) {
   s->assembly_created_bytes = a->assembly_created_bytes;
   s->pooled_taken_apart = a->pooled_taken_apart;
   s->pooled_taken_apart_early = a->retiring.handed_over;
+  s->prefix_hits = a->prefix_hits;
   s->retiring_ranges = a->retiring.count;
   s->retiring_bytes = a->retiring.bytes;
   s->oom_refusals = a->oom_refusals;
@@ -237,7 +238,7 @@ static const field reuse_fields[] = {
 static const field assembly_fields[] = {
     FIELD(vmm_snapshot, assemblies), FIELD(vmm_snapshot, padded_assemblies), FIELD(vmm_snapshot, assembled_idle_handles),
     FIELD(vmm_snapshot, assembly_created_bytes), FIELD(vmm_snapshot, pooled_taken_apart),
-    FIELD(vmm_snapshot, pooled_taken_apart_early), FIELD(vmm_snapshot, retiring_ranges),
+    FIELD(vmm_snapshot, pooled_taken_apart_early), FIELD(vmm_snapshot, retiring_ranges), FIELD(vmm_snapshot, prefix_hits),
     FIELD(vmm_snapshot, retiring_bytes),
 };
 

@@ -81,6 +81,28 @@ vmm_mapping *vmm_pool_take(vmm_pool *p, size_t lo, size_t hi, vmm_pool_usable_fn
   return NULL;
 }
 
+/* How many of m's first handles make exactly `bytes`; 0 if none do (or all of them). */
+static uint32_t prefix_handles(const vmm_mapping *m, size_t bytes) {
+  size_t sum = 0;
+  for (uint32_t i = 0; i + 1 < m->handle_count && sum < bytes; i++)
+    if ((sum += m->handles[i]->size) == bytes) return i + 1;
+  return 0;
+}
+
+#define PREFIX_SCAN 64 /* pooled mappings looked at, at most, for a prefix */
+
+vmm_mapping *vmm_pool_take_prefix(vmm_pool *p, size_t bytes, vmm_pool_usable_fn usable, void *ctx, uint32_t *k) {
+  unsigned seen = 0;
+  for (vmm_bucket *b = bucket_of(vmm_avl_ceil(p->root, bytes + 1, 0)); b && seen < PREFIX_SCAN;
+       b = bucket_of(vmm_avl_ceil(p->root, b->size + 1, 0)))
+    for (vmm_mapping *m = b->head; m && seen < PREFIX_SCAN; m = m->pool_next, seen++) {
+      if (m->page || !(*k = prefix_handles(m, bytes)) || !usable(ctx, m)) continue;
+      vmm_pool_remove(p, m);
+      return m;
+    }
+  return NULL;
+}
+
 vmm_mapping *vmm_pool_peek_drain(const vmm_pool *p) {
   vmm_bucket *b = bucket_of(vmm_avl_last(p->root));
   vmm_assert(!b || b->head); /* no empty bucket */

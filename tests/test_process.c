@@ -182,6 +182,39 @@ static vmm_snapshot snap(vmm_arena *a) {
   return s;
 }
 
+/* A smaller request takes a larger pooled mapping's first handles in place, with no driver
+ * call but the event that orders another stream after the free; the rest stays pooled. The
+ * two merge back when the first part is pooled on the stream that freed the rest, not on
+ * another. */
+static void prefix_hit_in_place_and_merged_back(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  void *x = alloc_in(a, 8 * MiB, T, S1, 0);
+  tu_free(a, x, S1);
+  size_t from = fake_call_count();
+  void *h = alloc_in(a, 4 * MiB, T, S2, 0);
+  assert_ptr_equal(h, x);
+  size_t record = tu_first_call(from, VMM_DRV_event_record), wait = tu_first_call(from, VMM_DRV_stream_wait_event);
+  assert_true(record != SIZE_MAX && wait != SIZE_MAX && record < wait);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create) + fake_calls_since(from, VMM_DRV_mem_map) +
+                       fake_calls_since(from, VMM_DRV_mem_unmap) + fake_calls_since(from, VMM_DRV_mem_set_access),
+                   0);
+  vmm_snapshot sn = snap(a);
+  assert_int_equal(sn.prefix_hits, 1);
+  assert_int_equal(sn.kind[T].pooled_bytes, 4 * MiB);
+  assert_int_equal(vmm_arena_check(a, NULL, 0), VMM_OK);
+  tu_free(a, h, S2); /* its rest was freed on S1: kept apart */
+  assert_int_equal(snap(a).kind[T].pooled_count, 2);
+  assert_ptr_equal(alloc_in(a, 4 * MiB, T, S2, 0), h);
+  tu_free(a, h, S1); /* now on S1: one mapping again */
+  sn = snap(a);
+  assert_int_equal(sn.kind[T].pooled_count, 1);
+  assert_int_equal(sn.kind[T].pooled_bytes, 8 * MiB);
+  assert_ptr_equal(alloc_in(a, 8 * MiB, T, S1, 0), x);
+  tu_free(a, x, S1);
+  tu_destroy(a);
+}
+
 /* A miss is assembled from pooled mappings whose work is not yet known complete (the device
  * is behind): their handles are mapped into the new range at once, and their old ranges stay
  * mapped, retiring, until an event recorded after their free completes. No new memory, no
@@ -236,27 +269,27 @@ static void early_take_apart_orders_the_stream_and_never_in_a_capture(void **sta
   assert_true(fake_calls_since(from, VMM_DRV_mem_create) > 0); /* a graph's memory: new */
   fake_set_capturing(S1, 1);
   from = fake_call_count();
-  void *c = alloc_in(a, 4 * MiB, T, S1, 0); /* shared, on the stream that freed x, but capturing */
+  void *c = alloc_in(a, 10 * MiB, T, S1, 0); /* shared, on the stream that freed x, but capturing */
   assert_true(fake_calls_since(from, VMM_DRV_mem_create) > 0);
   assert_int_equal(snap(a).retiring_ranges, 0);
   fake_set_capturing(S1, 0);
   fake_set_capturing(S2, 0);
   assert_int_equal(vmm_arena_capture_end(a, 3), VMM_OK);
   from = fake_call_count();
-  void *y = alloc_in(a, 4 * MiB, T, S2, 0);
+  void *y = alloc_in(a, 10 * MiB, T, S2, 0); /* x whole, early, and 2 MiB new */
   size_t record = tu_first_call(from, VMM_DRV_event_record), wait = tu_first_call(from, VMM_DRV_stream_wait_event);
   assert_true(record != SIZE_MAX && wait != SIZE_MAX && record < wait);
   assert_int_equal(fake_call_at(wait)->a0, (uintptr_t)S2);
-  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 0);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 1);
   assert_int_equal(fake_calls_since(from, VMM_DRV_stream_synchronize), 0);
   assert_int_equal(snap(a).retiring_ranges, 1);
-  /* empty_cache may wait on the host: the retiring range is unmapped, its idle half released */
+  /* empty_cache may wait on the host: the retiring range is unmapped */
   assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
   assert_int_equal(snap(a).retiring_ranges, 0);
   assert_int_equal(fake_mapped_size_at(dp(x)), 0);
   fake_ledger l;
   fake_get_ledger(&l);
-  assert_int_equal(l.live_handle_bytes, 12 * MiB); /* y, g and c: x's idle half released */
+  assert_int_equal(l.live_handle_bytes, 24 * MiB); /* y, g and c */
   fake_set_events_pending(0);
   tu_free(a, c, S1);
   tu_free(a, y, S2);
@@ -389,11 +422,14 @@ static void a_graph_reuses_its_memory_in_new_ranges(void **state) {
   assert_int_equal(snap(a).retiring_ranges, 1);
   tu_free(a, y, S1);
   from = fake_call_count();
-  void *z = alloc_in(a, 4 * MiB, T, S1, 7); /* smaller than y: y's first handles */
-  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 0);
-  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 0);
+  void *z = alloc_in(a, 4 * MiB, T, S1, 7); /* smaller than y: y's first handles, in place */
+  assert_ptr_equal(z, y);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create) + fake_calls_since(from, VMM_DRV_mem_map) +
+                       fake_calls_since(from, VMM_DRV_mem_unmap) + fake_calls_since(from, VMM_DRV_mem_set_access),
+                   0);
   vmm_snapshot sn = snap(a);
-  assert_int_equal(sn.retiring_ranges, 2); /* x's range and the first 4 MiB of y's */
+  assert_int_equal(sn.prefix_hits, 1);
+  assert_int_equal(sn.retiring_ranges, 1);            /* x's range */
   assert_int_equal(sn.kind[T].pooled_bytes, 2 * MiB); /* the rest of y, still the pool's */
   assert_int_equal(sn.kind[T].idle_bytes, 0);        /* nothing of the graph's reaches the shared cache */
   void *e = alloc_in(a, 2 * MiB, T, S1, 0);          /* an eager request: new memory */
@@ -405,12 +441,47 @@ static void a_graph_reuses_its_memory_in_new_ranges(void **state) {
   assert_true(fake_mapped_size_at(dp(x)) > 0);
   assert_int_equal(vmm_arena_empty_cache(a), VMM_OK); /* the graph lives: its ranges and its pool stay */
   assert_true(fake_mapped_size_at(dp(x)) > 0);
-  assert_int_equal(snap(a).retiring_ranges, 2);
+  assert_int_equal(snap(a).retiring_ranges, 1);
   assert_int_equal(snap(a).kind[T].pooled_bytes, 2 * MiB);
   tu_free(a, e, S1);
-  tu_free(a, z, S1);
+  tu_free(a, z, S1); /* takes its tail back: y whole again, beside e */
+  assert_int_equal(snap(a).kind[T].pooled_count, 2);
+  assert_int_equal(snap(a).kind[T].pooled_bytes, 8 * MiB);
+  assert_ptr_equal(alloc_in(a, 6 * MiB, T, S1, 7), y); /* an exact hit of the whole */
+  tu_free(a, y, S1);
   assert_int_equal(vmm_arena_release_pool(a, 7), VMM_OK); /* after the device's work: x's range unmapped */
   assert_int_equal(fake_mapped_size_at(dp(x)), 0);
+  assert_int_equal(snap(a).retiring_ranges, 0);
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
+  assert_int_equal(usage(a).reserved_bytes, 0);
+  tu_destroy(a);
+}
+
+/* A request larger than any of a graph's pooled mappings takes the largest whole and the first
+ * handles of the next; what is left of that one stays pooled in the pool, its taken part's
+ * range retiring. */
+static void a_graph_takes_a_pooled_mappings_first_handles(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  assert_int_equal(vmm_arena_capture_begin(a, 7), VMM_OK);
+  fake_set_capturing(S1, 1);
+  void *big = alloc_in(a, 6 * MiB, T, S1, 7), *small = alloc_in(a, 4 * MiB, T, S1, 7);
+  tu_free(a, big, S1);
+  tu_free(a, small, S1);
+  size_t from = fake_call_count();
+  void *c = alloc_in(a, 8 * MiB, T, S1, 7);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 0); /* 6 MiB whole, then 2 of the 4 */
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 0);
+  vmm_snapshot sn = snap(a);
+  assert_int_equal(sn.retiring_ranges, 2);
+  assert_int_equal(sn.retiring_bytes, 8 * MiB);
+  assert_int_equal(sn.kind[T].pooled_bytes, 2 * MiB); /* the rest of the 4 MiB one, the pool's */
+  assert_int_equal(sn.kind[T].idle_bytes, 0);
+  assert_true(fake_mapped_size_at(dp(small)) > 0 && fake_mapped_size_at(dp(small) + 2 * MiB) > 0);
+  tu_free(a, c, S1);
+  fake_set_capturing(S1, 0);
+  assert_int_equal(vmm_arena_capture_end(a, 7), VMM_OK);
+  assert_int_equal(vmm_arena_release_pool(a, 7), VMM_OK);
   assert_int_equal(snap(a).retiring_ranges, 0);
   assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
   assert_int_equal(usage(a).reserved_bytes, 0);
@@ -722,6 +793,7 @@ int main(void) {
       cmocka_unit_test(bad_frees_of_slots),
       cmocka_unit_test(exact_hit_outside_a_scope),
       cmocka_unit_test(cross_stream_hit_waits_on_an_event),
+      cmocka_unit_test(prefix_hit_in_place_and_merged_back),
       cmocka_unit_test(assembly_takes_apart_early_and_the_old_ranges_retire),
       cmocka_unit_test(early_take_apart_orders_the_stream_and_never_in_a_capture),
       cmocka_unit_test(record_stream_orders_reuse_of_a_mapping),
@@ -730,6 +802,7 @@ int main(void) {
       cmocka_unit_test(a_graph_pool_is_never_taken_apart),
       cmocka_unit_test(a_live_graph_keeps_its_memory_through_empty_cache),
       cmocka_unit_test(a_graph_reuses_its_memory_in_new_ranges),
+      cmocka_unit_test(a_graph_takes_a_pooled_mappings_first_handles),
       cmocka_unit_test(frees_during_a_capture),
       cmocka_unit_test(calls_during_a_capture_are_relaxed),
       cmocka_unit_test(empty_cache_releases_outside_a_scope_only),
