@@ -132,6 +132,7 @@ static void absorb_tail(vmm_arena *a, vmm_mapping *m, CUstream stream) {
   m->handle_count += t->handle_count;
   m->extent += t->extent;
   vmm_stat_add(a, m->kind, m->state, m->extent, +1);
+  if (t->handles != &t->first) free(t->handles);
   t->handles = &t->first, t->handle_count = 0; /* its handles are m's now */
   vmm_mapping_free(t);
 }
