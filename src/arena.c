@@ -129,7 +129,6 @@ static const struct {
 
 vmm_status vmm_alloc_mapping(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
   vmm_process_deferred(a);
-  vmm_retiring_settle(a);
   char refusal[sizeof a->last_error];
   bool refused = false;
   for (size_t i = 0; i < sizeof sources / sizeof sources[0]; i++) {

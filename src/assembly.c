@@ -425,6 +425,7 @@ vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode 
                         vmm_mapping **out) {
   assembly x = {.req = req, .mode = mode, .into = into, .m = into};
   vmm_status st = VMM_OK;
+  vmm_retiring_settle(a); /* a new range is wanted: the ranges whose work is done go back first */
   size_t done = 0;
   for (; done < sizeof steps / sizeof steps[0] && st == VMM_OK; done++) st = steps[done].run(a, &x);
   if (st == VMM_OK) {

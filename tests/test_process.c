@@ -239,10 +239,10 @@ static void assembly_takes_apart_early_and_the_old_ranges_retire(void **state) {
   assert_int_equal(s.retiring_bytes, 8 * MiB);
   assert_int_equal(s.pooled_taken_apart_early, 2);
   assert_int_equal(vmm_arena_check(a, NULL, 0), VMM_OK);
-  /* Still behind: the next request settles nothing. */
-  tu_free(a, alloc_in(a, 2 * MiB, T, S1, 0), S1);
+  /* Still behind: the next request for a new range settles nothing. */
+  void *v = alloc_in(a, 2 * MiB, T, S1, 0);
   assert_int_equal(snap(a).retiring_ranges, 2);
-  fake_set_events_pending(0); /* the device caught up: the next request unmaps the old ranges */
+  fake_set_events_pending(0); /* the device caught up: the next new range unmaps the old ones */
   from = fake_call_count();
   void *w = alloc_in(a, 2 * MiB, T, S1, 0);
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 2);
@@ -251,6 +251,7 @@ static void assembly_takes_apart_early_and_the_old_ranges_retire(void **state) {
   assert_int_equal(fake_calls_since(0, VMM_DRV_stream_synchronize), 0);
   tu_free(a, z, S1);
   tu_free(a, w, S1);
+  tu_free(a, v, S1);
   tu_destroy(a);
 }
 
