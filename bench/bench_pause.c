@@ -76,15 +76,21 @@ static double median(double *v, int n) {
   return v[n / 2];
 }
 
-/* Resident memory of the process (VmRSS), in bytes. */
-static long long rss(void) {
-  FILE *f = fopen("/proc/self/status", "r");
+/* The "KEY: N kB" line of a /proc file, in KiB; -1 if it cannot be read. */
+static long long proc_kib(const char *path, const char *format) {
+  FILE *f = fopen(path, "r");
   char line[256];
   long long kib = -1;
   while (f && fgets(line, sizeof line, f))
-    if (sscanf(line, "VmRSS: %lld kB", &kib) == 1) break;
+    if (sscanf(line, format, &kib) == 1) break;
   if (f) fclose(f);
-  return kib * 1024;
+  return kib;
+}
+
+/* Resident memory of the process (VmRSS), in bytes; -1 if unknown. */
+static long long rss(void) {
+  long long kib = proc_kib("/proc/self/status", "VmRSS: %lld kB");
+  return kib < 0 ? -1 : kib * 1024;
 }
 
 static int check_cu(CUresult r, const char *what, size_t bytes) {
@@ -404,15 +410,7 @@ static int design_row(int design, size_t bytes, result *r) {
 
 /* ---- The host side alone ------------------------------------------------------------- */
 
-static long long anon_huge_kib(void) {
-  FILE *f = fopen("/proc/meminfo", "r");
-  char line[256];
-  long long kib = -1;
-  while (f && fgets(line, sizeof line, f))
-    if (sscanf(line, "AnonHugePages: %lld kB", &kib) == 1) break;
-  if (f) fclose(f);
-  return kib;
-}
+static long long anon_huge_kib(void) { return proc_kib("/proc/meminfo", "AnonHugePages: %lld kB"); }
 
 /* Slices of [p, p + bytes) that threads take in turn (the copy engine's way): each copied
  * from src (a window of PIECE bytes), or where `touch`, written once at its start. */
