@@ -95,14 +95,14 @@ static void check_parse_size(const char *value) {
 static const char *const setting_names[] = {
     "VMMARENA_REUSE",  "VMMARENA_STITCH",      "VMMARENA_RESERVE", "VMMARENA_HEADROOM",     "VMMARENA_LIMIT",
     "VMMARENA_RETAIN", "VMMARENA_PEER_ACCESS", "VMMARENA_TRACE",   "VMMARENA_LOG",          "VMMARENA_HANDLE_BOUND",
-    "VMMARENA_PACKAGE_ASSEMBLY",
+    "VMMARENA_PACKAGE_ASSEMBLY", "VMMARENA_PAUSE_STAGING", "VMMARENA_CACHE",
 }; /* VMMARENA_STITCH is retired: every value must be refused as a usage error */
 #define SETTINGS (sizeof setting_names / sizeof setting_names[0])
 
 static const char *env_name_of(const char *name) {
   static const char *const short_names[SETTINGS] = {"reuse",  "stitch",      "reserve", "headroom", "limit",
                                                     "retain", "peer_access", "trace",   "log",      "handle_bound",
-                                                    "package_assembly"};
+                                                    "package_assembly", "pause_staging", "cache"};
   for (size_t i = 0; i < SETTINGS; i++)
     if (!strcmp(name, setting_names[i]) || !strcmp(name, short_names[i])) return setting_names[i];
   return NULL;
