@@ -32,6 +32,10 @@ With --repeat N every catalog runs N rounds, each mode in a process of its own p
 modes' order reversed in every other round (so no mode is always first): a mode's warmup is
 its fastest round and its peak its highest, and the table lists every round's time.
 
+A mode may carry settings of its own: `process:VMMARENA_HANDLE_BOUND=64M` is process with that
+variable set (several: `process:A=1:B=2`; `{catalog}` in a value becomes the catalog's name), so
+that variants run side by side in one call; each is reported under its full name.
+
 Usage: bench_process.py OUT.json [--catalog default,ascending,shuffled110,smallpool|all]
                         [--modes native,...] [--library PATH] [--seed N] [--pairs N] [--no-hotpath]
                         [--repeat N]
@@ -71,10 +75,27 @@ START_TIMEOUT_S = 300
 # ---- Workers --------------------------------------------------------------------------------
 
 
+def split_mode(mode):
+    """A mode's base name and its own settings: "process:A=1:B=2" -> ("process", {"A": "1", "B": "2"})."""
+    base, *settings = mode.split(":")
+    env = {}
+    for s in settings:
+        name, eq, value = s.partition("=")
+        if not eq or not name:
+            raise SystemExit(f"mode {mode!r}: expected NAME=VALUE after ':', found {s!r}")
+        env[name] = value
+    return base, env
+
+
+def base_mode(mode):
+    return split_mode(mode)[0]
+
+
 def start_mode(mode):
     """Imports torch for `mode` (installing vmmarena first in the process modes); returns
     (torch, vmmarena or None)."""
     vmm = None
+    mode = base_mode(mode)
     if mode in PROCESS_MODES or mode == "mempool":
         vmm = record_trace.import_vmmarena()
     if mode in PROCESS_MODES:
@@ -85,8 +106,9 @@ def start_mode(mode):
 
 
 def catalog_worker(job):
-    mode, catalog, seed = job["mode"], torch_workload.get(job["catalog"]), job["seed"]
-    torch, vmm = start_mode(mode)
+    catalog, seed = torch_workload.get(job["catalog"]), job["seed"]
+    torch, vmm = start_mode(job["mode"])
+    mode = base_mode(job["mode"])
     storage = vmm.Storage(0) if mode == "mempool" else None
     model = torch_workload.build_model(torch, storage, seed, catalog)
     torch.cuda.synchronize()
@@ -102,7 +124,7 @@ def catalog_worker(job):
     warmup_s = time.perf_counter() - start - series.own_s
     logits = torch_workload.final_logits(torch, model, storage, seed, catalog)
     result = {
-        "mode": mode, "catalog": catalog.name, "warmup_s": warmup_s, "observer_s": series.own_s,
+        "mode": job["mode"], "catalog": catalog.name, "warmup_s": warmup_s, "observer_s": series.own_s,
         "live_peak_bytes": torch.cuda.max_memory_allocated(0) if mode != "mempool" else None,
         "steps": series.rows, "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
     }
@@ -149,9 +171,11 @@ def hotpath_worker(job):
 # ---- Parent ---------------------------------------------------------------------------------
 
 
-def job_env(mode, library):
+def job_env(job, library):
     env = {k: v for k, v in os.environ.items() if not k.startswith("VMMARENA_") and k != "PYTORCH_CUDA_ALLOC_CONF"}
-    env.update(MODES[mode], VMMARENA_LIBRARY=library, PYTHONUNBUFFERED="1")
+    base, own = split_mode(job["mode"])
+    env.update(MODES[base], VMMARENA_LIBRARY=library, PYTHONUNBUFFERED="1")
+    env.update({k: v.replace("{catalog}", job.get("catalog", "hotpath")) for k, v in own.items()})
     return env
 
 
@@ -163,7 +187,7 @@ def run_jobs(jobs, library, tmp):
         job.update({k: str(Path(tmp) / f"{i}.{k}") for k in ("ready", "go", "result", "logits")})
         spec = Path(tmp) / f"{i}.job.json"
         spec.write_text(json.dumps(job))
-        procs[i] = subprocess.Popen([sys.executable, __file__, "--worker", str(spec)], env=job_env(job["mode"], library))
+        procs[i] = subprocess.Popen([sys.executable, __file__, "--worker", str(spec)], env=job_env(job, library))
     deadline = time.monotonic() + START_TIMEOUT_S
     for i, job in enumerate(jobs):
         while not Path(job["ready"]).exists() and procs[i].poll() is None and time.monotonic() < deadline:
@@ -190,13 +214,25 @@ def run_jobs(jobs, library, tmp):
     return results
 
 
+def driver_summary(r):
+    """The arena's driver time and its two largest entries, if it counted them."""
+    drv = r.get("driver")
+    if not drv:
+        return ""
+    total = sum(e["ns"] for e in drv.values()) / 1e9
+    top = sorted(drv.items(), key=lambda kv: -kv[1]["ns"])[:2]
+    parts = ", ".join(f"{name} {e['calls']} x {e['ns'] / max(e['calls'], 1) / 1e3:.0f} us" for name, e in top)
+    return f"; driver {total:.2f} s ({parts})"
+
+
 def summary(r):
     if "rows" in r:
         return "ns/pair by size: " + ", ".join(f"{row['size']}: {row['ns_per_pair']:.0f}" for row in r["rows"])
     live = r.get("live_peak_bytes")
-    return (f"peak {r['peak_bytes'] / GIB:.3f} GiB, max_memory_allocated "
-            f"{live / GIB:.3f} GiB, warmup {r['warmup_s']:.2f} s" if live is not None else
-            f"peak {r['peak_bytes'] / GIB:.3f} GiB, warmup {r['warmup_s']:.2f} s")
+    held = f"peak {r['peak_bytes'] / GIB:.3f} GiB"
+    if live is not None:
+        held += f", max_memory_allocated {live / GIB:.3f} GiB"
+    return f"{held}, warmup {r['warmup_s']:.2f} s{driver_summary(r)}"
 
 
 def merge_round(by_mode, r):
@@ -247,9 +283,8 @@ def report_catalog(name, modes):
               f"{ratio(r['warmup_s'], native and native['warmup_s'])} | {rounds} | "
               f"{r.get('max_abs_diff_vs_native', float('nan')):.3g} |")
     checks = []
-    for mode in PROCESS_MODES:
-        r = modes.get(mode)
-        if r is None or not live:
+    for mode, r in modes.items():
+        if base_mode(mode) not in PROCESS_MODES or not live:
             continue
         c = {"catalog": name, "mode": mode, "ratio": r["peak_bytes"] / live,
              "below_expandable": expandable is not None and r["peak_bytes"] < expandable["peak_bytes"],
@@ -303,7 +338,7 @@ def main():
     for name in catalogs:
         torch_workload.get(name)
     modes = [m for m in args.modes.split(",") if m]
-    unknown = [m for m in modes if m not in MODES]
+    unknown = [m for m in modes if base_mode(m) not in MODES]
     if unknown:
         raise SystemExit(f"unknown mode(s) {', '.join(unknown)}: choose from {', '.join(MODES)}")
     jobs = [] if args.no_hotpath else [{"hotpath": True, "mode": m, "pairs": args.pairs} for m in HOT_MODES]
