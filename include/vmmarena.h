@@ -419,8 +419,12 @@ typedef struct vmm_snapshot {
   uint64_t pooled_taken_apart_early;            /* of those, taken before the work of their free was
                                                    known complete (whole-process mode): their
                                                    ranges retire */
-  uint64_t retiring_ranges, retiring_bytes;     /* ranges retiring now: mapped until that work
-                                                   completes, then unmapped */
+  uint64_t retiring_ranges, retiring_bytes;     /* ranges retiring now (whole-process mode): the old
+                                                   ranges of pooled mappings an assembly took
+                                                   apart, mapped still (unmapped by empty_cache, or
+                                                   beyond 256 kept to serve again) */
+  uint64_t revived_ranges;                      /* retired ranges that served a request again as
+                                                   they were mapped (no driver call) */
   uint64_t oom_refusals, limit_refusals, headroom_refusals; /* requests refused new memory by the
                                                                driver, the limit, the headroom */
   uint64_t allocs, frees, deferred_frees;       /* successful calls; frees deferred by a capture */

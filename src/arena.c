@@ -75,6 +75,13 @@ static vmm_status from_pool_prefix(vmm_arena *a, const vmm_request *req, vmm_map
   return VMM_OK;
 }
 
+/* Whole-process mode: a retired range of exactly the request's size, its handles all pooled
+ * again in mappings inside it, serves as it is mapped (no driver call; retiring.c). */
+static vmm_status from_retired(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
+  if (!a->cfg.caching || !pooling(a, req) || req->pool != VMM_POOL_SHARED) return NOTHING;
+  return vmm_retiring_revive(a, req, out);
+}
+
 static vmm_status from_idle_and_new(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
   return assembling(a, req) ? vmm_assemble(a, req, VMM_ASSEMBLE_EXACT, NULL, out) : NOTHING;
 }
@@ -120,6 +127,7 @@ static const struct {
 } sources[] = {
     {false, from_pool},          /* pool hit: a pooled mapping the reuse policy allows, no driver call */
     {false, from_pool_prefix},   /* whole-process mode: a larger pooled mapping's first handles, in place */
+    {false, from_retired},       /* whole-process mode: a retired range of the size, its handles free again */
     {false, from_idle_and_new},  /* assembly: idle handles back to back, new memory only for the rest */
     {false, from_new_memory},    /* new memory: one handle, where nothing is kept */
     {true, from_any_pooled},     /* pooled fallback: any pooled mapping that fits, whatever its size */

@@ -58,7 +58,8 @@ static bool can_take_apart(vmm_arena *a, const plan *p, vmm_mapping *m, size_t l
   if (!a->cfg.caching) return vmm_can_wait_for_free(a, m);
   m->early = false;
   if (vmm_free_complete(a, m)) return true;
-  return p->early_shared && (m->early = vmm_usable_on_stream(p->order, m));
+  /* early only whole: a handle left over would be idle before its work is done */
+  return p->early_shared && m->extent <= left && (m->early = vmm_usable_on_stream(p->order, m));
 }
 
 /* The pooled mapping to take apart for `left` bytes: the smallest that covers them, else the
@@ -78,6 +79,10 @@ static vmm_mapping *pick_apart(vmm_arena *a, const plan *p, size_t left, bool pa
   }
   return NULL;
 }
+
+/* Whole-process mode: a cached handle up to 1/32 of the request larger than what is left serves
+ * the rest, where new memory would be created otherwise. */
+#define VMM_OVERSHOOT_SHARE 32
 
 static void plan_use(plan *p, vmm_handle *h, size_t *left) {
   h->taken = true;
@@ -116,11 +121,13 @@ static void plan_idle(vmm_arena *a, plan *p, size_t rounded, bool padded) {
   if (left && padded && (h = vmm_idle_take_at_least(a, left)) != NULL) plan_use(p, h, &left);
   p->n_idle_tier = p->n_use;
   vmm_mapping *m;
+  size_t over = a->cfg.caching && p->order && !padded ? rounded / VMM_OVERSHOOT_SHARE : 0; /* not a resume: its size is fixed */
   while (left && (m = pick_apart(a, p, left, padded)) != NULL) {
     m->chosen = true;
     p->apart[p->n_apart++] = m;
     for (uint32_t i = 0; i < m->handle_count && left; i++)
       if (m->handles[i]->size <= left) plan_use(p, m->handles[i], &left);
+      else if (m->handles[i]->size - left <= over) plan_use(p, m->handles[i], &left);
       else if (m->pool != VMM_POOL_SHARED) break; /* a graph's: its first handles only */
     if (left && padded) { /* the smallest handle left in m covers the rest */
       vmm_handle *best = NULL;
@@ -203,10 +210,20 @@ static vmm_status create_handles(vmm_arena *a, const vmm_request *req, vmm_handl
 
 /* Unmaps the mappings taken apart, after waiting for their freeing streams (in whole-process
  * mode they are known complete already: no wait); those taken early stay mapped. */
+static bool all_taken(const vmm_mapping *m) {
+  for (uint32_t i = 0; i < m->handle_count; i++)
+    if (!m->handles[i]->taken) return false;
+  return true;
+}
+
 static vmm_status unmap_apart(vmm_arena *a, plan *p) {
   CUstream waited[8];
   size_t n_waited = 0, n_early = 0;
-  for (size_t i = 0; i < p->n_apart; i++) n_early += p->apart[i]->early;
+  for (size_t i = 0; i < p->n_apart; i++) { /* a whole shared one stays mapped: it may serve again */
+    vmm_mapping *m = p->apart[i];
+    if (a->cfg.caching && m->pool == VMM_POOL_SHARED && all_taken(m)) m->early = true;
+    n_early += m->early;
+  }
   if (n_early && (vmm_retiring_reserve(a, n_early) || vmm_pool_reserve(&a->store.pool, n_early)))
     return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for %zu retiring ranges", n_early);
   for (size_t i = 0; i < p->n_apart && !a->cfg.caching; i++) { /* whole-process mode: known complete */
@@ -241,9 +258,14 @@ static void retire_early(vmm_arena *a, vmm_mapping *m) {
     m->chosen = m->early = false;
     (void)vmm_pool_push(&a->store.pool, m); /* a spare bucket was reserved */
   } else {
+    vmm_handle **whole = all_taken(m) ? malloc(m->handle_count * sizeof *whole) : NULL; /* none: it only retires */
+    uint32_t n = m->handle_count;
+    vmm_kind kind = m->kind;
+    if (whole) memcpy(whole, m->handles, n * sizeof *whole);
     for (uint32_t j = 0; j < m->handle_count; j++)
       if (m->handles[j]->taken) m->handles[j] = NULL;
     vmm_mapping_hand_over(a, m, &range);
+    range.handles = whole, range.handle_count = whole ? n : 0, range.kind = kind;
   }
   vmm_retiring_add(a, &range);
 }

@@ -48,7 +48,12 @@ static int check_mapping(const vmm_arena *a, const vmm_mapping *m, recount *c, c
                     m->handle_count),
            -1;
   size_t sum = 0;
-  for (uint32_t p = 0; p < m->handle_count; p++) sum += m->handles[p]->size;
+  for (uint32_t p = 0; p < m->handle_count; p++) {
+    sum += m->handles[p]->size;
+    if (m->handles[p]->owner != m || m->handles[p]->idle)
+      return snprintf(why, cap, "mapping 0x%llx: its handle %u names another owner", (unsigned long long)m->base, p),
+             -1;
+  }
   if (m->handle_count == 0 || sum != m->extent)
     return snprintf(why, cap, "mapping 0x%llx handles (%u) sum %zu != extent %zu", (unsigned long long)m->base,
                     m->handle_count, sum, m->extent),

@@ -101,7 +101,9 @@ typedef struct vmm_handle {
   size_t size;
   vmm_kind kind;                   /* the kind its bytes are counted under while idle */
   bool taken;                      /* chosen by the assembly being planned */
+  bool idle;                       /* in the idle tier */
   struct vmm_handle *next;         /* abandoned list */
+  struct vmm_mapping *owner;       /* the mapping whose handles it is; NULL while idle */
 } vmm_handle;
 
 typedef enum vmm_mapping_state {
@@ -392,13 +394,21 @@ typedef struct vmm_retiring_range {
   uint32_t reservation;
   vmm_pool_id pool;   /* a graph's pool: the range retires only once the pool is released */
   vmm_free_work work; /* its uses array is the range's own */
+  vmm_handle **handles; /* a whole shared mapping's handles, in address order (its own array):
+                           the range may serve again; NULL otherwise */
+  uint32_t handle_count;
+  vmm_kind kind;
+  uint64_t serial;    /* order of retiring, oldest first */
 } vmm_retiring_range;
 
 typedef struct vmm_retiring {
   vmm_retiring_range *items;
   size_t count, cap;
   size_t bytes;         /* VA of the ranges retiring */
+  size_t revivable;     /* of them, with handles */
+  uint64_t serial;      /* ranges retired so far */
   uint64_t handed_over; /* pooled mappings whose handles moved to a new range so far */
+  uint64_t revived;     /* ranges that served a request again */
 } vmm_retiring;
 
 /* ---- Arena --------------------------------------------------------------------------- */
@@ -678,6 +688,16 @@ VMM_INTERNAL void vmm_retiring_release_pool(vmm_arena *a, vmm_pool_id pool);
 VMM_INTERNAL vmm_status vmm_retiring_drain(vmm_arena *a, const char *what);
 /* Destroy, after all work: unmaps every retiring range, logging failures. */
 VMM_INTERNAL void vmm_retiring_fini(vmm_arena *a);
+/* Unmaps the retired ranges that hold any of these handles (about to be released, after the
+ * work of their mapping, which came after those ranges' work); a failed unmap keeps the range
+ * stuck and is logged. */
+VMM_INTERNAL void vmm_retiring_unmap_holding(vmm_arena *a, vmm_handle *const *h, uint32_t n, const char *what);
+struct vmm_request;
+/* Whole-process mode: a retired range of exactly the request's size whose handles are all
+ * held by pooled mappings that lie wholly inside it and may serve the request's stream: those
+ * mappings retire in its place and it serves the request, mapped as it was (no driver call).
+ * VMM_OK with *out live, or VMM_STATUS_COUNT when none serves, nothing changed. */
+VMM_INTERNAL vmm_status vmm_retiring_revive(vmm_arena *a, const struct vmm_request *req, struct vmm_mapping **out);
 /* Moves the deferred frees of an aborted scope to its abandoned memory (no driver call). */
 VMM_INTERNAL void vmm_deferred_abandon_scope(vmm_arena *a, uint64_t scope_id);
 

@@ -64,6 +64,7 @@ void vmm_mapping_attach(vmm_mapping *m, vmm_handle **slots, uint32_t n) {
   }
   m->handle_count = n;
   for (uint32_t i = 0; i < n; i++) {
+    m->handles[i]->owner = m;
     m->handles[i]->taken = false;
     m->handles[i]->node.k2 = 0; /* a fresh store position when it is idle again */
   }
@@ -123,6 +124,7 @@ static void absorb_tail(vmm_arena *a, vmm_mapping *m, CUstream stream) {
   if (!hs) return;
   memcpy(hs, m->handles, m->handle_count * sizeof *hs);
   memcpy(hs + m->handle_count, t->handles, t->handle_count * sizeof *hs);
+  for (uint32_t i = 0; i < t->handle_count; i++) t->handles[i]->owner = m;
   vmm_pool_remove(&a->store.pool, t);
   vmm_stat_add(a, t->kind, t->state, t->extent, -1);
   vmm_table_remove(&a->table, t->base);
@@ -203,6 +205,7 @@ vmm_status vmm_mapping_drop_handles(vmm_arena *a, vmm_mapping *m, bool retain) {
     vmm_handle *h = m->handles[i];
     if (!h) continue; /* taken by an assembly */
     h->kind = m->kind;
+    h->owner = NULL;
     if (retain) {
       vmm_idle_put(a, h);
     } else {
@@ -270,6 +273,7 @@ vmm_mapping *vmm_mapping_split_tail(vmm_arena *a, vmm_mapping *m, uint32_t k) {
   vmm_stat_add(a, m->kind, m->state, m->extent, +1);
   vmm_stat_add(a, t->kind, t->state, t->extent, +1);
   vmm_table_insert(&a->table, t);
+  for (uint32_t i = 0; i < t->handle_count; i++) t->handles[i]->owner = t;
   return t;
 }
 

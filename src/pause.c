@@ -144,6 +144,7 @@ static vmm_status pause_one(vmm_arena *a, vmm_mapping *m, void *backup) {
   vmm_status st = vmm_mapping_unmap(a, m, "pause");
   if (st != VMM_OK) return st;
   vmm_mapping_pause(a, m, backup);
+  if (!vmm_retaining(a)) vmm_retiring_unmap_holding(a, m->handles, m->handle_count, "pause"); /* released next */
   return vmm_mapping_drop_handles(a, m, vmm_retaining(a));
 }
 

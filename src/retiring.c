@@ -6,6 +6,7 @@
  * The old range of a graph's pooled mapping retires only once the pool is released: the
  * graph's replays still use that address. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -24,19 +25,29 @@ int vmm_retiring_reserve(vmm_arena *a, size_t n) {
 void vmm_retiring_add(vmm_arena *a, const vmm_retiring_range *range) {
   vmm_retiring *r = &a->retiring;
   vmm_assert(r->count < r->cap); /* vmm_retiring_reserve came first */
-  r->items[r->count++] = *range;
+  vmm_retiring_range *x = &r->items[r->count++];
+  *x = *range;
+  x->serial = ++r->serial;
   r->bytes += range->size;
+  r->revivable += range->handles != NULL;
   r->handed_over++;
+}
+
+/* Item i leaves the list (replaced by the last); returns it. */
+static vmm_retiring_range take_item(vmm_retiring *r, size_t i) {
+  vmm_retiring_range x = r->items[i];
+  r->items[i] = r->items[--r->count];
+  r->bytes -= x.size;
+  r->revivable -= x.handles != NULL;
+  return x;
 }
 
 /* Unmaps item i and frees its range; a failed unmap keeps the range stuck (unmapped at
  * destroy), as an undo's failure does. Item i is replaced by the last. */
 static void unmap_one(vmm_arena *a, size_t i, const char *what) {
-  vmm_retiring *r = &a->retiring;
-  vmm_retiring_range x = r->items[i];
-  r->items[i] = r->items[--r->count];
-  r->bytes -= x.size;
+  vmm_retiring_range x = take_item(&a->retiring, i);
   free(x.work.uses);
+  free(x.handles);
   CUresult res = VMM_DRV(a, mem_unmap, x.base, x.size);
   if (res == CUDA_SUCCESS) {
     vmm_ranges_free(a, x.base, x.size, x.reservation);
@@ -47,10 +58,164 @@ static void unmap_one(vmm_arena *a, size_t i, const char *what) {
   vmm_ranges_keep_stuck(a, x.base, x.size);
 }
 
+#define VMM_REVIVABLE_MAX 256 /* retired ranges kept mapped to serve again, at most */
+
+/* The oldest range that could serve again whose work is complete, or SIZE_MAX. */
+static size_t oldest_complete(vmm_arena *a) {
+  vmm_retiring *r = &a->retiring;
+  size_t best = SIZE_MAX;
+  for (size_t i = 0; i < r->count; i++)
+    if (r->items[i].handles && (best == SIZE_MAX || r->items[i].serial < r->items[best].serial) &&
+        vmm_work_complete(a, &r->items[i].work))
+      best = i;
+  return best;
+}
+
 void vmm_retiring_settle(vmm_arena *a) {
   vmm_retiring *r = &a->retiring;
   for (size_t i = r->count; i-- > 0;) /* a graph's range waits for its pool's release */
-    if (r->items[i].pool == VMM_POOL_SHARED && vmm_work_complete(a, &r->items[i].work)) unmap_one(a, i, "settling");
+    if (r->items[i].pool == VMM_POOL_SHARED && !r->items[i].handles && vmm_work_complete(a, &r->items[i].work))
+      unmap_one(a, i, "settling");
+  size_t i;
+  while (r->revivable > VMM_REVIVABLE_MAX && (i = oldest_complete(a)) != SIZE_MAX) unmap_one(a, i, "settling");
+}
+
+/* Item i can no longer serve again (its handles may go): it only retires. */
+static void forget_handles(vmm_retiring *r, size_t i) {
+  free(r->items[i].handles);
+  r->items[i].handles = NULL;
+  r->items[i].handle_count = 0;
+  r->revivable--;
+}
+
+void vmm_retiring_unmap_holding(vmm_arena *a, vmm_handle *const *h, uint32_t n, const char *what) {
+  vmm_retiring *r = &a->retiring;
+  if (!r->revivable) return;
+  for (uint32_t k = 0; k < n; k++) h[k]->taken = true;
+  for (size_t i = r->count; i-- > 0;) {
+    bool holds = false;
+    for (uint32_t k = 0; k < r->items[i].handle_count && !holds; k++) holds = r->items[i].handles[k]->taken;
+    if (holds) unmap_one(a, i, what);
+  }
+  for (uint32_t k = 0; k < n; k++) h[k]->taken = false;
+}
+
+/* ---- Serving again ------------------------------------------------------------------- */
+
+/* The pooled mapping holding h, if it may give h to a request of this kind on c's stream (that
+ * stream is then ordered after its free); NULL otherwise. The handles of the range are marked
+ * taken: a mapping with handles outside it gives them up too, to the idle tier, so only once its
+ * work is known complete. */
+static vmm_mapping *giver(vmm_reuse_ctx *c, const vmm_handle *h, vmm_kind kind) {
+  vmm_mapping *m = h->owner;
+  if (!m || m->state != VMM_MAP_POOLED || m->pool != VMM_POOL_SHARED || m->page || m->kind != kind) return NULL;
+  bool inside = true;
+  for (uint32_t k = 0; k < m->handle_count && inside; k++) inside = m->handles[k]->taken;
+  if (!inside && !vmm_free_complete(c->a, m)) return NULL;
+  return vmm_usable_on_stream(c, m) ? m : NULL;
+}
+
+/* Whether each of x's handles is idle or held by a pooled mapping that may give it; those
+ * mappings, each once, into givers[] (room for x's handle count) and their count into *n. */
+static bool find_givers(vmm_arena *a, const vmm_retiring_range *x, const vmm_request *req, vmm_mapping **givers,
+                        uint32_t *count) {
+  vmm_reuse_ctx c = {a, req->stream, -1};
+  uint32_t n = 0;
+  bool ready = true;
+  for (uint32_t k = 0; k < x->handle_count; k++) x->handles[k]->taken = true;
+  for (uint32_t k = 0; k < x->handle_count && ready; k++) {
+    vmm_handle *h = x->handles[k];
+    if (h->idle || (h->owner && h->owner->chosen)) continue; /* idle: its work is done */
+    vmm_mapping *m = giver(&c, h, req->kind);
+    if ((ready = m != NULL)) m->chosen = true, givers[n++] = m;
+  }
+  for (uint32_t k = 0; k < x->handle_count; k++) x->handles[k]->taken = false;
+  for (uint32_t g = 0; g < n; g++) givers[g]->chosen = false;
+  *count = n;
+  return ready;
+}
+
+/* Pooled m gives up the handles marked taken: its range retires with all its handles (it may
+ * serve again), and those not taken go idle. `copy` is room for its handle list. */
+static void retire_giver(vmm_arena *a, vmm_mapping *m, vmm_handle **copy) {
+  uint32_t n = m->handle_count;
+  vmm_kind kind = m->kind;
+  memcpy(copy, m->handles, n * sizeof *copy);
+  vmm_pool_remove(&a->store.pool, m);
+  for (uint32_t k = 0; k < n; k++)
+    if (m->handles[k]->taken) m->handles[k]->owner = NULL, m->handles[k] = NULL;
+  vmm_retiring_range range;
+  vmm_mapping_hand_over(a, m, &range); /* the handles left go idle */
+  range.handles = copy, range.handle_count = n, range.kind = kind;
+  vmm_retiring_add(a, &range);
+}
+
+/* Room for serving item i again, so that nothing after can fail: a record, a table slot,
+ * places in the list and each giver's handle list. */
+typedef struct revival {
+  vmm_mapping *live;
+  vmm_mapping **givers;
+  vmm_handle ***lists;
+  uint32_t n_givers;
+} revival;
+
+static void revival_free(revival *v, bool lists_too) {
+  for (uint32_t g = 0; lists_too && v->lists && g < v->n_givers; g++) free(v->lists[g]);
+  free(v->lists);
+  free(v->givers);
+  vmm_mapping_free(v->live);
+}
+
+static bool revival_room(vmm_arena *a, revival *v) {
+  if (!(v->live = vmm_mapping_new()) || vmm_table_reserve(&a->table) || vmm_retiring_reserve(a, v->n_givers) ||
+      !(v->lists = calloc(v->n_givers ? v->n_givers : 1, sizeof *v->lists)))
+    return false;
+  for (uint32_t g = 0; g < v->n_givers; g++)
+    if (!(v->lists[g] = malloc(v->givers[g]->handle_count * sizeof *v->lists[g]))) return false;
+  return true;
+}
+
+/* Item i serves: its givers retire, its handles leave the idle tier, and it is live again. */
+static vmm_mapping *revive(vmm_arena *a, size_t i, revival *v) {
+  vmm_retiring *r = &a->retiring;
+  for (uint32_t k = 0; k < r->items[i].handle_count; k++) r->items[i].handles[k]->taken = true;
+  for (uint32_t g = 0; g < v->n_givers; g++) retire_giver(a, v->givers[g], v->lists[g]);
+  vmm_retiring_range x = take_item(r, i);
+  for (uint32_t k = 0; k < x.handle_count; k++) {
+    x.handles[k]->taken = false;
+    if (x.handles[k]->idle) vmm_idle_remove(a, x.handles[k]);
+  }
+  free(x.work.uses);
+  vmm_mapping *m = v->live;
+  v->live = NULL;
+  m->base = x.base, m->reservation = x.reservation;
+  vmm_mapping_attach(m, x.handles, x.handle_count);
+  vmm_add_mapped(a, x.size);
+  vmm_mapping_insert_live(a, m, x.size, x.kind);
+  r->revived++;
+  return m;
+}
+
+vmm_status vmm_retiring_revive(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
+  vmm_retiring *r = &a->retiring;
+  for (size_t i = r->count; i-- > 0;) {
+    vmm_retiring_range *x = &r->items[i];
+    if (!x->handles || x->size != req->rounded || x->kind != req->kind) continue;
+    revival v = {0};
+    if (!(v.givers = malloc(x->handle_count * sizeof *v.givers))) return VMM_STATUS_COUNT;
+    if (!find_givers(a, x, req, v.givers, &v.n_givers)) {
+      revival_free(&v, false);
+      continue;
+    }
+    if (!revival_room(a, &v)) {
+      revival_free(&v, true);
+      return VMM_STATUS_COUNT; /* host out of memory: another source may serve */
+    }
+    *out = revive(a, i, &v);
+    revival_free(&v, false);
+    return VMM_OK;
+  }
+  return VMM_STATUS_COUNT;
 }
 
 void vmm_retiring_release_pool(vmm_arena *a, vmm_pool_id pool) {
@@ -81,6 +246,7 @@ vmm_status vmm_retiring_drain(vmm_arena *a, const char *what) {
       st = wait_stream(a, w->uses[k], what, &skipped);
     if (st != VMM_OK) return st;
     if (!skipped) unmap_one(a, i, what);
+    else if (r->items[i].handles) forget_handles(r, i); /* mapped on, but its handles may go */
   }
   return VMM_OK;
 }

@@ -39,6 +39,7 @@ static void fill(const vmm_arena *a, vmm_snapshot *s) {
   s->prefix_hits = a->prefix_hits;
   s->retiring_ranges = a->retiring.count;
   s->retiring_bytes = a->retiring.bytes;
+  s->revived_ranges = a->retiring.revived;
   s->oom_refusals = a->oom_refusals;
   s->limit_refusals = a->limit_refusals;
   s->headroom_refusals = a->headroom_refusals;
@@ -239,7 +240,7 @@ static const field assembly_fields[] = {
     FIELD(vmm_snapshot, assemblies), FIELD(vmm_snapshot, padded_assemblies), FIELD(vmm_snapshot, assembled_idle_handles),
     FIELD(vmm_snapshot, assembly_created_bytes), FIELD(vmm_snapshot, pooled_taken_apart),
     FIELD(vmm_snapshot, pooled_taken_apart_early), FIELD(vmm_snapshot, retiring_ranges), FIELD(vmm_snapshot, prefix_hits),
-    FIELD(vmm_snapshot, retiring_bytes),
+    FIELD(vmm_snapshot, retiring_bytes), FIELD(vmm_snapshot, revived_ranges),
 };
 
 static const field usage_fields[] = {

@@ -173,6 +173,7 @@ void vmm_idle_put(vmm_arena *a, vmm_handle *h) {
   h->node.k1 = h->size;
   if (!h->node.k2) h->node.k2 = ++s->serial; /* a handle put back by an undone assembly keeps its place */
   s->idle = vmm_avl_insert(s->idle, &h->node);
+  h->idle = true;
   s->idle_count++;
   s->idle_bytes += h->size;
   a->kind[h->kind].idle_count++;
@@ -182,6 +183,7 @@ void vmm_idle_put(vmm_arena *a, vmm_handle *h) {
 void vmm_idle_remove(vmm_arena *a, vmm_handle *h) {
   vmm_store *s = &a->store;
   s->idle = vmm_avl_remove(s->idle, h->node.k1, h->node.k2);
+  h->idle = false;
   s->idle_count--;
   s->idle_bytes -= h->size;
   a->kind[h->kind].idle_count--;
@@ -233,6 +235,10 @@ static int check_idle(const vmm_avl *n, vmm_kind_stats *k, size_t *count, uint64
   const vmm_handle *h = vmm_container_of(n, vmm_handle, node);
   if (h->node.k1 != h->size || h->size == 0 || (unsigned)h->kind >= VMM_KIND_COUNT)
     return snprintf(why, cap, "idle handle of %zu bytes misfiled under %llu", h->size, (unsigned long long)h->node.k1), -1;
+  if (!h->idle || h->owner)
+    return snprintf(why, cap, "idle handle of %zu bytes marked %s, owned by %p", h->size, h->idle ? "idle" : "not idle",
+                    (void *)h->owner),
+           -1;
   k[h->kind].idle_count++;
   k[h->kind].idle_bytes += h->size;
   *count += 1;

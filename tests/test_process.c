@@ -13,14 +13,20 @@
 #define T VMM_KIND_TRANSIENT
 #define P VMM_KIND_PACKAGE
 
-static vmm_arena *process_arena(size_t limit, vmm_retain_mode retain) {
+static vmm_arena *process_arena_bound(size_t limit, vmm_retain_mode retain, size_t handle_bound) {
   fake_driver_reset(NULL);
   vmm_config c = tu_config();
   c.caching = 1;
   c.retain = retain; /* auto: off on the fake's discrete device, as on an H200 */
   c.limit_bytes = limit;
+  c.handle_bound_bytes = handle_bound;
   return tu_arena(NULL, &c);
 }
+
+static vmm_arena *process_arena(size_t limit, vmm_retain_mode retain) { return process_arena_bound(limit, retain, 0); }
+
+/* One handle per new request of up to 64 MiB: no handle boundary inside, so no prefix hit. */
+static vmm_arena *whole_handles_arena(void) { return process_arena_bound(0, VMM_RETAIN_AUTO, 64 * MiB); }
 
 static void *alloc_in(vmm_arena *a, size_t bytes, vmm_kind kind, CUstream s, vmm_pool_id pool) {
   void *p = NULL;
@@ -217,8 +223,8 @@ static void prefix_hit_in_place_and_merged_back(void **state) {
 
 /* A miss is assembled from pooled mappings whose work is not yet known complete (the device
  * is behind): their handles are mapped into the new range at once, and their old ranges stay
- * mapped, retiring, until an event recorded after their free completes. No new memory, no
- * host wait, no unmap before then. */
+ * mapped, retiring: kept to serve again (below), unmapped by empty_cache. No new memory, no
+ * host wait, no unmap on the way. */
 static void assembly_takes_apart_early_and_the_old_ranges_retire(void **state) {
   (void)state;
   vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
@@ -239,19 +245,120 @@ static void assembly_takes_apart_early_and_the_old_ranges_retire(void **state) {
   assert_int_equal(s.retiring_bytes, 8 * MiB);
   assert_int_equal(s.pooled_taken_apart_early, 2);
   assert_int_equal(vmm_arena_check(a, NULL, 0), VMM_OK);
-  /* Still behind: the next request for a new range settles nothing. */
   void *v = alloc_in(a, 2 * MiB, T, S1, 0);
-  assert_int_equal(snap(a).retiring_ranges, 2);
-  fake_set_events_pending(0); /* the device caught up: the next new range unmaps the old ones */
+  fake_set_events_pending(0); /* the device caught up: the old ranges are kept, whole, to serve again */
   from = fake_call_count();
   void *w = alloc_in(a, 2 * MiB, T, S1, 0);
-  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 2);
-  assert_int_equal(fake_mapped_size_at(dp(x)), 0);
-  assert_int_equal(snap(a).retiring_ranges, 0);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 0);
+  assert_true(fake_mapped_size_at(dp(x)) && fake_mapped_size_at(dp(y)));
+  assert_int_equal(snap(a).retiring_ranges, 2);
   assert_int_equal(fake_calls_since(0, VMM_DRV_stream_synchronize), 0);
   tu_free(a, z, S1);
   tu_free(a, w, S1);
   tu_free(a, v, S1);
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK); /* the cache back to the driver, old ranges first */
+  assert_int_equal(fake_mapped_size_at(dp(x)), 0);
+  assert_int_equal(snap(a).retiring_ranges, 0);
+  assert_int_equal(usage(a).reserved_bytes, 0);
+  tu_destroy(a);
+}
+
+/* The counts of driver calls that change mappings or memory since `from`. */
+static size_t mapping_calls_since(size_t from) {
+  return fake_calls_since(from, VMM_DRV_mem_create) + fake_calls_since(from, VMM_DRV_mem_map) +
+         fake_calls_since(from, VMM_DRV_mem_set_access) + fake_calls_since(from, VMM_DRV_mem_unmap) +
+         fake_calls_since(from, VMM_DRV_mem_release);
+}
+
+/* A retired range serves a request of its size again, as it is mapped, once its handles are
+ * free: held by pooled mappings (which retire in its place; their other handles go idle) or
+ * idle. One handle per request, so that no prefix hit serves first. No driver call on the way. */
+static void a_retired_range_serves_again(void **state) {
+  (void)state;
+  vmm_arena *a = whole_handles_arena();
+  void *x = alloc_in(a, 4 * MiB, T, S1, 0), *y = alloc_in(a, 6 * MiB, T, S1, 0);
+  tu_free(a, x, S1);
+  tu_free(a, y, S1);
+  void *z = alloc_in(a, 10 * MiB, T, S1, 0); /* from y's handle, then x's: both ranges retire */
+  assert_true(z != x && z != y);
+  assert_int_equal(snap(a).retiring_ranges, 2);
+  tu_free(a, z, S1);
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK); /* z's work known done: its other handle may go idle */
+  size_t from = fake_call_count();
+  assert_ptr_equal(alloc_in(a, 4 * MiB, T, S1, 0), x); /* z gives x's handle; y's goes idle */
+  vmm_snapshot s = snap(a);
+  assert_int_equal(s.kind[T].idle_count, 1);
+  assert_int_equal(s.retiring_ranges, 2); /* y's and z's now */
+  assert_ptr_equal(alloc_in(a, 6 * MiB, T, S1, 0), y); /* from the idle handle */
+  assert_int_equal(snap(a).kind[T].idle_count, 0);
+  tu_free(a, x, S1);
+  tu_free(a, y, S1);
+  assert_ptr_equal(alloc_in(a, 10 * MiB, T, S1, 0), z); /* x and y give theirs, whole */
+  assert_int_equal(mapping_calls_since(from), 0);
+  s = snap(a);
+  assert_int_equal(s.revived_ranges, 3);
+  assert_int_equal(s.retiring_ranges, 2);
+  assert_int_equal(usage(a).reserved_bytes, 10 * MiB);
+  assert_int_equal(vmm_arena_check(a, NULL, 0), VMM_OK);
+  tu_free(a, z, S1);
+  tu_destroy(a);
+}
+
+/* Served again on another stream: that stream is ordered after the givers' frees by an event,
+ * with no host wait. A giver whose other handles would go idle before its work is known done
+ * gives nothing: the request is assembled instead. */
+static void a_retired_range_keeps_stream_order(void **state) {
+  (void)state;
+  vmm_arena *a = whole_handles_arena();
+  void *x = alloc_in(a, 4 * MiB, T, S1, 0), *y = alloc_in(a, 6 * MiB, T, S1, 0);
+  tu_free(a, x, S1);
+  tu_free(a, y, S1);
+  void *z = alloc_in(a, 10 * MiB, T, S1, 0);
+  tu_free(a, z, S1);
+  fake_set_events_pending(1); /* z's work not known done: its handle of y would go idle early */
+  void *w = alloc_in(a, 4 * MiB, T, S2, 0);
+  assert_true(w != x);
+  assert_int_equal(snap(a).revived_ranges, 0);
+  fake_set_events_pending(0);
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  assert_ptr_equal(alloc_in(a, 4 * MiB, T, S1, 0), x);
+  assert_ptr_equal(alloc_in(a, 6 * MiB, T, S1, 0), y);
+  tu_free(a, x, S1);
+  tu_free(a, y, S1);
+  fake_set_events_pending(1); /* x and y lie wholly inside z: they give, in stream order */
+  size_t from = fake_call_count();
+  assert_ptr_equal(alloc_in(a, 10 * MiB, T, S2, 0), z);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_stream_synchronize), 0);
+  assert_int_equal(mapping_calls_since(from), 0);
+  assert_true(fake_calls_since(from, VMM_DRV_stream_wait_event) >= 1); /* S2 after S1 */
+  assert_int_equal(snap(a).revived_ranges, 3);
+  assert_int_equal(vmm_arena_check(a, NULL, 0), VMM_OK);
+  tu_free(a, z, S2);
+  tu_free(a, w, S2);
+  tu_destroy(a);
+}
+
+/* Pausing memory whose handles a retired range also maps unmaps that range first, so that the
+ * release frees the memory and nothing can serve from a released handle. */
+static void pause_unmaps_the_retired_ranges_of_its_handles(void **state) {
+  (void)state;
+  vmm_arena *a = whole_handles_arena();
+  void *x = alloc_in(a, 4 * MiB, T, S1, 0), *y = alloc_in(a, 6 * MiB, T, S1, 0);
+  tu_free(a, x, S1);
+  tu_free(a, y, S1);
+  vmm_tag_push("t");
+  void *z = alloc_in(a, 10 * MiB, T, S1, 0);
+  vmm_tag_pop();
+  assert_int_equal(snap(a).retiring_ranges, 2);
+  assert_int_equal(vmm_arena_pause(a, "t", VMM_PAUSE_DISCARD), VMM_OK);
+  assert_int_equal(snap(a).retiring_ranges, 0);
+  assert_int_equal(fake_mapped_size_at(dp(x)), 0);
+  assert_int_equal(fake_mapped_size_at(dp(y)), 0);
+  fake_ledger l;
+  fake_get_ledger(&l);
+  assert_int_equal(l.live_handles, 0);
+  assert_int_equal(vmm_arena_resume(a, "t"), VMM_OK);
+  tu_free(a, z, S1);
   tu_destroy(a);
 }
 
@@ -796,6 +903,9 @@ int main(void) {
       cmocka_unit_test(cross_stream_hit_waits_on_an_event),
       cmocka_unit_test(prefix_hit_in_place_and_merged_back),
       cmocka_unit_test(assembly_takes_apart_early_and_the_old_ranges_retire),
+      cmocka_unit_test(a_retired_range_serves_again),
+      cmocka_unit_test(a_retired_range_keeps_stream_order),
+      cmocka_unit_test(pause_unmaps_the_retired_ranges_of_its_handles),
       cmocka_unit_test(early_take_apart_orders_the_stream_and_never_in_a_capture),
       cmocka_unit_test(record_stream_orders_reuse_of_a_mapping),
       cmocka_unit_test(record_stream_orders_reuse_of_a_slot),
