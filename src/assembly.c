@@ -58,8 +58,8 @@ static bool can_take_apart(vmm_arena *a, const plan *p, vmm_mapping *m, size_t l
   if (!a->cfg.caching) return vmm_can_wait_for_free(a, m);
   m->early = false;
   if (vmm_free_complete(a, m)) return true;
-  /* early only whole: a handle left over would be idle before its work is done */
-  return p->early_shared && m->extent <= left && (m->early = vmm_usable_on_stream(p->order, m));
+  /* early: its first handles only, the rest stays pooled (idle, it could serve before its work is done) */
+  return p->early_shared && !padded && m->handles[0]->size <= left && (m->early = vmm_usable_on_stream(p->order, m));
 }
 
 /* The pooled mapping to take apart for `left` bytes: the smallest that covers them, else the
@@ -128,7 +128,7 @@ static void plan_idle(vmm_arena *a, plan *p, size_t rounded, bool padded) {
     for (uint32_t i = 0; i < m->handle_count && left; i++)
       if (m->handles[i]->size <= left) plan_use(p, m->handles[i], &left);
       else if (m->handles[i]->size - left <= over) plan_use(p, m->handles[i], &left);
-      else if (m->pool != VMM_POOL_SHARED) break; /* a graph's: its first handles only */
+      else if (m->pool != VMM_POOL_SHARED || m->early) break; /* a graph's, or early: its first handles only */
     if (left && padded) { /* the smallest handle left in m covers the rest */
       vmm_handle *best = NULL;
       for (uint32_t i = 0; i < m->handle_count; i++)
@@ -247,14 +247,20 @@ static vmm_status unmap_apart(vmm_arena *a, plan *p) {
   return VMM_OK;
 }
 
-/* A mapping taken apart early: its range retires, whole, or, for a graph's mapping that gave
- * only its first handles, the part of them; the rest of a graph's stays in its pool. */
+/* A mapping taken apart early (or whole): its range retires, whole, or, where it gave only its
+ * first handles, the part of them, and the rest stays pooled in place. A shared one's retired
+ * range keeps its handle list, to serve again (retiring.c). */
 static void retire_early(vmm_arena *a, vmm_mapping *m) {
   uint32_t taken = 0;
   while (taken < m->handle_count && m->handles[taken]->taken) taken++;
   vmm_retiring_range range;
-  if (m->pool != VMM_POOL_SHARED && taken < m->handle_count) {
+  if (taken < m->handle_count) {
+    bool shared = m->pool == VMM_POOL_SHARED;
+    vmm_handle **part = shared ? malloc(taken * sizeof *part) : NULL; /* none: it only retires */
+    vmm_kind kind = m->kind;
+    if (part) memcpy(part, m->handles, taken * sizeof *part);
     vmm_mapping_split_off(a, m, taken, &range);
+    range.handles = part, range.handle_count = part ? taken : 0, range.kind = kind;
     m->chosen = m->early = false;
     (void)vmm_pool_push(&a->store.pool, m); /* a spare bucket was reserved */
   } else {
