@@ -264,7 +264,8 @@ static void retire_early(vmm_arena *a, vmm_mapping *m) {
     m->chosen = m->early = false;
     (void)vmm_pool_push(&a->store.pool, m); /* a spare bucket was reserved */
   } else {
-    vmm_handle **whole = all_taken(m) ? malloc(m->handle_count * sizeof *whole) : NULL; /* none: it only retires */
+    bool whole_shared = m->pool == VMM_POOL_SHARED && all_taken(m); /* a graph's range only retires */
+    vmm_handle **whole = whole_shared ? malloc(m->handle_count * sizeof *whole) : NULL; /* none: it only retires */
     uint32_t n = m->handle_count;
     vmm_kind kind = m->kind;
     if (whole) memcpy(whole, m->handles, n * sizeof *whole);

@@ -338,6 +338,61 @@ static void a_retired_range_keeps_stream_order(void **state) {
   tu_destroy(a);
 }
 
+/* Taken early, a shared pooled mapping gives its first handles only: the rest stays pooled in
+ * place, with the work of its free, so that nothing goes idle before that work is done (an
+ * idle handle serves any stream with no ordering). */
+static void early_take_apart_leaves_the_rest_pooled(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO); /* first requests cut into 2 MiB handles */
+  void *big = alloc_in(a, 6 * MiB, T, S1, 0), *small = alloc_in(a, 4 * MiB, T, S1, 0);
+  tu_free(a, big, S1);
+  tu_free(a, small, S1);
+  fake_set_events_pending(1);
+  size_t from = fake_call_count();
+  void *c = alloc_in(a, 8 * MiB, T, S1, 0); /* big whole, then the first 2 MiB of small */
+  assert_int_equal(mapping_calls_since(from) - fake_calls_since(from, VMM_DRV_mem_map) -
+                       fake_calls_since(from, VMM_DRV_mem_set_access),
+                   0); /* no create, unmap or release */
+  vmm_snapshot sn = snap(a);
+  assert_int_equal(sn.retiring_ranges, 2);
+  assert_int_equal(sn.retiring_bytes, 8 * MiB);
+  assert_int_equal(sn.kind[T].pooled_bytes, 2 * MiB);
+  assert_int_equal(sn.kind[T].idle_bytes, 0);
+  from = fake_call_count();
+  assert_ptr_equal(alloc_in(a, 2 * MiB, T, S2, 0), (char *)small + 2 * MiB); /* the rest, in stream order */
+  assert_int_equal(fake_calls_since(from, VMM_DRV_stream_wait_event), 1);
+  assert_int_equal(vmm_arena_check(a, NULL, 0), VMM_OK);
+  tu_free(a, (char *)small + 2 * MiB, S2);
+  tu_free(a, c, S1);
+  tu_destroy(a);
+}
+
+/* At most 256 retired ranges stay mapped to serve again; beyond, the oldest go, but only once
+ * their work is known complete. */
+static void retired_ranges_kept_at_most_256_once_complete(void **state) {
+  (void)state;
+  vmm_arena *a = whole_handles_arena();
+  fake_set_events_pending(1);
+  void *live[130];
+  for (int i = 0; i < 130; i++) { /* two 2 MiB ranges retire into each 4 MiB mapping, kept live */
+    void *x = alloc_in(a, 2 * MiB, T, S1, 0), *y = alloc_in(a, 2 * MiB, T, S1, 0);
+    tu_free(a, x, S1);
+    tu_free(a, y, S1);
+    live[i] = alloc_in(a, 4 * MiB, T, S1, 0);
+  }
+  assert_int_equal(snap(a).retiring_ranges, 260); /* none known complete: none unmapped */
+  assert_int_equal(fake_calls_since(0, VMM_DRV_mem_unmap), 0);
+  fake_set_events_pending(0);
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  void *more = alloc_in(a, 6 * MiB, T, S1, 0); /* a new range: the oldest four go */
+  assert_int_equal(snap(a).retiring_ranges, 256);
+  assert_int_equal(fake_calls_since(0, VMM_DRV_mem_unmap), 4);
+  assert_int_equal(vmm_arena_check(a, NULL, 0), VMM_OK);
+  tu_free(a, more, S1);
+  for (int i = 0; i < 130; i++) tu_free(a, live[i], S1);
+  tu_destroy(a);
+}
+
 /* Pausing memory whose handles a retired range also maps unmaps that range first, so that the
  * release frees the memory and nothing can serve from a released handle. */
 static void pause_unmaps_the_retired_ranges_of_its_handles(void **state) {
@@ -906,6 +961,8 @@ int main(void) {
       cmocka_unit_test(a_retired_range_serves_again),
       cmocka_unit_test(a_retired_range_keeps_stream_order),
       cmocka_unit_test(pause_unmaps_the_retired_ranges_of_its_handles),
+      cmocka_unit_test(early_take_apart_leaves_the_rest_pooled),
+      cmocka_unit_test(retired_ranges_kept_at_most_256_once_complete),
       cmocka_unit_test(early_take_apart_orders_the_stream_and_never_in_a_capture),
       cmocka_unit_test(record_stream_orders_reuse_of_a_mapping),
       cmocka_unit_test(record_stream_orders_reuse_of_a_slot),
