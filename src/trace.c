@@ -13,8 +13,8 @@ struct vmm_trace_writer {
 };
 
 static const char *const op_names[VMM_TRACE_OP_COUNT] = {
-    "alloc",         "free",        "begin",        "finish",      "abort",        "pause-discard", "pause-backup",
-    "resume",        "capture-begin", "capture-end", "release-pool", "empty-cache", "record-stream"};
+    "alloc", "free", "begin", "finish", "abort", "pause-discard", "pause-backup", "resume", /* version 1 */
+    "capture-begin", "capture-end", "release-pool", "empty-cache", "record-stream"};
 #define V1_OP_LIST "alloc, free, begin, finish, abort, pause-discard, pause-backup, resume"
 #define OP_LIST V1_OP_LIST ", capture-begin, capture-end, release-pool, empty-cache, record-stream"
 static const char *const kind_names[] = {"package", "transient"};

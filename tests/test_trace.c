@@ -875,10 +875,12 @@ static void env_errors(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(round_trip),     cmocka_unit_test(trace_on_and_off),  cmocka_unit_test(parser_accepts),
-      cmocka_unit_test(parser_rejects), cmocka_unit_test(format_round_trip), cmocka_unit_test(reader_reads_records),
-      cmocka_unit_test(reader_gzip),    cmocka_unit_test(reader_refuses),    cmocka_unit_test(reader_arguments),
-      cmocka_unit_test(env_errors),     cmocka_unit_test(whole_process_calls), cmocka_unit_test(reader_reads_version_2),
+      cmocka_unit_test(round_trip),           cmocka_unit_test(trace_on_and_off),
+      cmocka_unit_test(whole_process_calls),  cmocka_unit_test(parser_accepts),
+      cmocka_unit_test(parser_rejects),       cmocka_unit_test(format_round_trip),
+      cmocka_unit_test(reader_reads_records), cmocka_unit_test(reader_reads_version_2),
+      cmocka_unit_test(reader_gzip),          cmocka_unit_test(reader_refuses),
+      cmocka_unit_test(reader_arguments),     cmocka_unit_test(env_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
