@@ -67,8 +67,8 @@ def import_vmmarena(package_dir=None):
 
 def check_trace(text):
     """Counts the operations of a finished trace; exits with what is wrong if it is not one."""
-    if not text.startswith("vmmtrace 1\n"):
-        sys.exit(f"trace does not start with 'vmmtrace 1': {text[:40]!r}")
+    if not text.startswith("vmmtrace 2\n"):  # the version the library writes (docs/trace.md)
+        sys.exit(f"trace does not start with 'vmmtrace 2': {text[:40]!r}")
     if not text.endswith("\n"):
         sys.exit("trace ends in the middle of a line: the recording process did not exit cleanly")
     counts = {}
@@ -76,7 +76,7 @@ def check_trace(text):
         if not line or line.startswith("#"):
             continue
         fields = line.split(" ")
-        if len(fields) != 9:
+        if len(fields) != 10:
             sys.exit(f"malformed trace line: {line!r}")
         counts[fields[1]] = counts.get(fields[1], 0) + 1
     if counts.get("begin") != 1 or counts.get("finish") != 1:

@@ -9,7 +9,9 @@
  * without it the trace compiled into the binary is replayed. A trace the reader refuses is
  * reported in its one line, exit status 2. Only operations the trace records as successful are
  * replayed; an allocation the replay cannot place (out of memory) is counted and skipped
- * together with its later free. */
+ * together with its later free. A trace with whole-process calls (captures, graph pools,
+ * empty_cache, record_stream: format version 2) is replayed in whole-process mode, as with
+ * --cache. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdio.h>
@@ -56,7 +58,8 @@ static void usage(FILE *f) {
         "  --granularity  allocation granularity of the fake device (default 2M)\n"
         "  --handle-bound largest handle created inside a scope (default: the arena's choice)\n"
         "  --cache        whole-process mode (VMMARENA_CACHE=on): frees cached outside a scope too, requests\n"
-        "                 below half the granularity carved from pages (a trace recorded in that mode)\n"
+        "                 below half the granularity carved from pages (a trace recorded in that mode; on by\n"
+        "                 itself for a trace with captures, graph pools, empty-cache or record-stream)\n"
         "  --csv          one row per policy\n"
         "  --plot         physical bytes over the operations, per policy (needs python3-matplotlib)\n",
         f);
@@ -229,6 +232,14 @@ static void map_put(ptr_map *m, uint64_t key, uint64_t val) {
   m->count++;
 }
 
+/* Returns 1 and key's value if it is present. */
+static int map_get(const ptr_map *m, uint64_t key, uint64_t *val) {
+  size_t i = map_slot(m, key);
+  if (m->keys[i] != key) return 0;
+  *val = m->vals[i];
+  return 1;
+}
+
 /* Removes key; returns 1 and its value if it was present. */
 static int map_take(ptr_map *m, uint64_t key, uint64_t *val) {
   size_t i = map_slot(m, key);
@@ -255,14 +266,18 @@ typedef struct op {
   uint32_t stream; /* index into trace.streams */
   uint32_t tag;    /* 0 = none, else 1 + index into trace.tags (alloc, pause, resume) */
   uint64_t bytes;  /* requested bytes (alloc) */
-  uint64_t ptr;    /* trace pointer (alloc and free) */
+  uint64_t ptr;    /* trace pointer (alloc, free, record-stream) */
+  uint64_t pool;   /* vmm_pool_id (alloc, capture-begin, capture-end, release-pool) */
 } op;
 
 typedef struct trace {
   op *ops;
   size_t count, allocs, frees, scope_ops;
+  size_t process_ops[VMM_TRACE_OP_COUNT]; /* by op, the calls of whole-process mode to replay */
+  int whole_process;        /* a record of such a call, or an alloc into a pool: replay with --cache */
   size_t recorded_failures; /* records with a failed result: not replayed */
   size_t unknown_frees;     /* frees of pointers allocated before the trace started: not replayed */
+  size_t unknown_uses;      /* record-streams of such pointers: not replayed */
   uint64_t *streams;        /* distinct stream values of the trace */
   size_t stream_count;
   char **tags;              /* distinct tags of the trace */
@@ -301,12 +316,16 @@ static int stream_index(trace *t, uint64_t stream, uint32_t *index) {
   return 0;
 }
 
+/* The calls that only whole-process mode makes (format version 2). */
+static int process_op(vmm_trace_op type) { return type >= VMM_TRACE_CAPTURE_BEGIN && type < VMM_TRACE_OP_COUNT; }
+
 /* Adds one record to t; checks that no allocation returns a pointer that is still live in
  * the trace. Returns 0, or -1 after printing what is wrong and where. */
 static int add_record(trace *t, ptr_map *live, const vmm_trace_record *rec, const char *name, size_t line) {
   op o = {.type = (uint8_t)rec->op, .kind = (uint8_t)(rec->kind < 0 ? 0 : rec->kind), .bytes = rec->requested,
-          .ptr = rec->ptr};
+          .ptr = rec->ptr, .pool = rec->pool};
   uint64_t unused;
+  if (process_op(rec->op) || rec->pool != VMM_POOL_SHARED) t->whole_process = 1; /* failed calls too */
   if (rec->result != VMM_OK) {
     t->recorded_failures++;
     return 0;
@@ -320,6 +339,10 @@ static int add_record(trace *t, ptr_map *live, const vmm_trace_record *rec, cons
     t->unknown_frees++;
     return 0;
   }
+  if (rec->op == VMM_TRACE_RECORD_STREAM && !map_contains(live, rec->ptr)) {
+    t->unknown_uses++;
+    return 0;
+  }
   if (stream_index(t, rec->stream, &o.stream) || tag_index(t, rec->tag, &o.tag)) {
     fputs("vmmarena-replay: out of host memory for the stream or tag list\n", stderr);
     return -1;
@@ -329,6 +352,8 @@ static int add_record(trace *t, ptr_map *live, const vmm_trace_record *rec, cons
     t->allocs++;
   } else if (rec->op == VMM_TRACE_FREE) {
     t->frees++;
+  } else if (process_op(rec->op)) {
+    t->process_ops[rec->op]++;
   } else {
     t->scope_ops++;
   }
@@ -465,8 +490,9 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static const char *const op_names[VMM_TRACE_OP_COUNT] = {"alloc", "free",          "begin",        "finish",
-                                                          "abort", "pause-discard", "pause-backup", "resume"};
+static const char *const op_names[VMM_TRACE_OP_COUNT] = {
+    "alloc",  "free",          "begin",       "finish",       "abort",       "pause-discard", "pause-backup",
+    "resume", "capture-begin", "capture-end", "release-pool", "empty-cache", "record-stream"};
 
 /* Replays the trace under one policy. series (if non-NULL) gets the physical bytes after
  * every operation. Returns 0, or -1 if the arena could not be created. */
@@ -506,7 +532,7 @@ static int replay(const options *o, const policy *p, const trace *t, const repla
     case VMM_TRACE_ALLOC: {
       void *ptr = NULL;
       if (x->tag) vmm_tag_push(t->tags[x->tag - 1]);
-      st = vmm_arena_alloc(a, x->bytes, (vmm_kind)x->kind, stream, &ptr);
+      st = vmm_arena_alloc_in(a, x->bytes, (vmm_kind)x->kind, stream, x->pool, &ptr);
       if (x->tag) vmm_tag_pop();
       if (st == VMM_OK) map_put(map, x->ptr, (uint64_t)(uintptr_t)ptr);
       else if (st == VMM_ERR_OUT_OF_MEMORY) res->oom++, st = VMM_OK;
@@ -527,6 +553,14 @@ static int replay(const options *o, const policy *p, const trace *t, const repla
     case VMM_TRACE_RESUME:
       st = vmm_arena_resume(a, x->tag ? t->tags[x->tag - 1] : NULL);
       if (st == VMM_ERR_OUT_OF_MEMORY) res->oom++, st = VMM_OK; /* stays paused */
+      break;
+    /* No capture happens here: the arena is only told that one begins and ends. */
+    case VMM_TRACE_CAPTURE_BEGIN: st = vmm_arena_capture_begin(a, x->pool); break;
+    case VMM_TRACE_CAPTURE_END: st = vmm_arena_capture_end(a, x->pool); break;
+    case VMM_TRACE_RELEASE_POOL: st = vmm_arena_release_pool(a, x->pool); break;
+    case VMM_TRACE_EMPTY_CACHE: st = vmm_arena_empty_cache(a); break;
+    case VMM_TRACE_RECORD_STREAM: /* skipped when its allocation was refused here (counted as OOM) */
+      if (map_get(map, x->ptr, &replay_ptr)) st = vmm_arena_record_stream(a, (void *)(uintptr_t)replay_ptr, stream);
       break;
     }
     if (st != VMM_OK) {
@@ -755,6 +789,17 @@ static int run_policies(const options *o, const trace *t) {
   return ran && !failed ? 0 : 1;
 }
 
+/* ", 9 whole-process: 2 capture-begin, ..." for the ops there are; nothing without any. */
+static void print_process_ops(const trace *t) {
+  size_t total = 0;
+  for (int i = 0; i < VMM_TRACE_OP_COUNT; i++) total += t->process_ops[i];
+  if (total == 0) return;
+  printf(", %zu whole-process:", total);
+  const char *sep = " ";
+  for (int i = 0; i < VMM_TRACE_OP_COUNT; i++)
+    if (t->process_ops[i]) printf("%s%zu %s", sep, t->process_ops[i], op_names[i]), sep = ", ";
+}
+
 int main(int argc, char **argv) {
   options o;
   if (parse_options(argc, argv, &o)) return 2;
@@ -766,12 +811,20 @@ int main(int argc, char **argv) {
     trace_free(&t);
     return 2;
   }
-  printf("trace: %s%s: %zu operations (%zu alloc, %zu free, %zu scope)", o.trace ? o.trace : vmmarena_default_trace_name,
+  printf("trace: %s%s: %zu operations (%zu alloc, %zu free, %zu scope", o.trace ? o.trace : vmmarena_default_trace_name,
          o.trace ? "" : " (built in)", t.count, t.allocs, t.frees, t.scope_ops);
-  if (t.recorded_failures || t.unknown_frees)
+  print_process_ops(&t);
+  printf(")");
+  if (t.recorded_failures || t.unknown_frees || t.unknown_uses)
     printf("; not replayed: %zu recorded failures, %zu frees of memory allocated before the trace", t.recorded_failures,
            t.unknown_frees);
+  if (t.unknown_uses) printf(", %zu record-streams of such memory", t.unknown_uses);
   printf("\n");
+  if (t.whole_process && !o.cache) {
+    o.cache = 1;
+    printf("whole-process mode: on, as with --cache (the trace has captures, graph pools, empty-cache or "
+           "record-stream)\n");
+  }
   fflush(stdout);
   int rc = run_policies(&o, &t);
   trace_free(&t);

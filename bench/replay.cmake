@@ -57,6 +57,14 @@ if(VMMARENA_TESTS)
   add_test(NAME vmmarena_replay
     COMMAND vmmarena-replay --capacity 96G ${CMAKE_CURRENT_SOURCE_DIR}/traces/synthetic-catalog.trace.gz)
   set_tests_properties(vmmarena_replay PROPERTIES TIMEOUT 300)
+  # A version 2 trace of whole-process mode (tests/data/process.trace), without --cache: the
+  # tool turns whole-process mode on by itself and replays the pools, captures, empty-cache and
+  # record-stream calls under every policy. The output is matched, so failures are matched too.
+  add_test(NAME vmmarena_replay_process
+    COMMAND vmmarena-replay ${PROJECT_SOURCE_DIR}/tests/data/process.trace)
+  set_tests_properties(vmmarena_replay_process PROPERTIES TIMEOUT 300
+    PASS_REGULAR_EXPRESSION "17 whole-process: 3 capture-begin, 3 capture-end, 1 release-pool, 3 empty-cache, 7 record-stream\\)[^\n]*\nwhole-process mode: on, as with --cache"
+    FAIL_REGULAR_EXPRESSION "FAILED;vmmarena-replay: ")
 endif()
 
 # ---- bench_gpu: real driver and runtime ------------------------------------------------

@@ -88,7 +88,7 @@ vmm_status vmm_arena_alloc_in(vmm_arena *a, size_t bytes, vmm_kind kind, CUstrea
     *out = (void *)(uintptr_t)at;
   }
   vmm_trace_arena_op(a, VMM_TRACE_ALLOC, (unsigned)kind < VMM_KIND_COUNT ? (int)kind : -1, bytes, req.rounded, at,
-                     stream, req.tag, st);
+                     stream, req.tag, pool, st);
   vmm_capture_restore(a, relaxed, mode);
   vmm_ctx_leave(a);
   pthread_mutex_unlock(&a->lock);
@@ -134,7 +134,7 @@ vmm_status vmm_arena_free(vmm_arena *a, void *ptr, CUstream stream) {
     st = vmm_refuse_pointer(a, base, m);
   }
   if (freed) a->frees++, count_allocation(a, size, -1);
-  vmm_trace_arena_op(a, VMM_TRACE_FREE, kind, 0, size, base, stream, tag, st);
+  vmm_trace_arena_op(a, VMM_TRACE_FREE, kind, 0, size, base, stream, tag, VMM_POOL_SHARED, st);
   vmm_capture_restore(a, relaxed, mode);
   vmm_ctx_leave(a);
   pthread_mutex_unlock(&a->lock);
@@ -155,6 +155,7 @@ vmm_status vmm_arena_record_stream(vmm_arena *a, void *ptr, CUstream stream) {
   else if (pg ? vmm_pages_add_use(pg, slot, stream) : vmm_mapping_add_use(m, stream))
     st = vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "record_stream(0x%llx, stream %p): host out of memory; nothing changed",
                   (unsigned long long)base, (void *)stream);
+  vmm_trace_arena_op(a, VMM_TRACE_RECORD_STREAM, -1, 0, 0, base, stream, 0, VMM_POOL_SHARED, st);
   pthread_mutex_unlock(&a->lock);
   return st;
 }
@@ -172,6 +173,7 @@ static vmm_status capture(vmm_arena *a, vmm_pool_id pool, int step) {
     st = vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "%s: pool %llu: no capture is underway", call, (unsigned long long)pool);
   else
     a->captures_underway += (uint32_t)step;
+  vmm_trace_arena_op(a, step > 0 ? VMM_TRACE_CAPTURE_BEGIN : VMM_TRACE_CAPTURE_END, -1, 0, 0, 0, NULL, 0, pool, st);
   pthread_mutex_unlock(&a->lock);
   return st;
 }

@@ -7,7 +7,10 @@
 vmm_status vmm_arena_empty_cache(vmm_arena *a) {
   if (!a) return VMM_ERR_INVALID_ARGUMENT;
   pthread_mutex_lock(&a->lock);
+  uint64_t held = a->physical_bytes;
   vmm_status st = vmm_retaining(a) ? VMM_OK : vmm_cache_release(a, "vmm_arena_empty_cache");
+  /* the bytes released: nothing is created while the cache is emptied */
+  vmm_trace_arena_op(a, VMM_TRACE_EMPTY_CACHE, -1, 0, held - a->physical_bytes, 0, NULL, 0, VMM_POOL_SHARED, st);
   vmm_ctx_leave(a);
   pthread_mutex_unlock(&a->lock);
   return st;
@@ -34,6 +37,7 @@ vmm_status vmm_arena_release_pool(vmm_arena *a, vmm_pool_id pool) {
                   (unsigned long long)pool);
   else
     share_pooled(a, pool), vmm_retiring_release_pool(a, pool);
+  vmm_trace_arena_op(a, VMM_TRACE_RELEASE_POOL, -1, 0, 0, 0, NULL, 0, pool, st);
   vmm_ctx_leave(a);
   pthread_mutex_unlock(&a->lock);
   return st;

@@ -564,9 +564,11 @@ VMM_INTERNAL uint32_t vmm_tag_count(void);
 VMM_INTERNAL uint32_t vmm_tag_lookup(const char *name, bool *known);
 
 /* ---- Trace (trace.c) ----------------------------------------------------------------- */
-/* Writes one operation of the arena to its trace, if one is open. kind -1: none. */
+/* Writes one operation of the arena to its trace, if one is open: one argument per field of
+ * the line (docs/trace.md). kind -1: none; tag 0: none; pool 0 for ops that name no pool. */
 VMM_INTERNAL void vmm_trace_arena_op(vmm_arena *a, vmm_trace_op op, int kind, size_t requested, size_t rounded,
-                                     CUdeviceptr ptr, CUstream stream, uint32_t tag, vmm_status result);
+                                     CUdeviceptr ptr, CUstream stream, uint32_t tag, vmm_pool_id pool,
+                                     vmm_status result);
 
 /* ---- Device (arena_create.c) -------------------------------------------------------- */
 /* Destroy: releases the primary context that creation retained and pops it. */

@@ -192,7 +192,7 @@ vmm_status vmm_arena_pause(vmm_arena *a, const char *tag, vmm_pause_mode mode) {
   if (st == VMM_OK) st = move_out(a, &c, mode);
   if (c.moving) st = pause_all(a, &c, st, &bytes);
   vmm_trace_arena_op(a, mode == VMM_PAUSE_BACKUP ? VMM_TRACE_PAUSE_BACKUP : VMM_TRACE_PAUSE_DISCARD, -1, 0, bytes, 0,
-                     NULL, c.id, st);
+                     NULL, c.id, VMM_POOL_SHARED, st);
   end(a, &c);
   pthread_mutex_unlock(&a->lock);
   return st;
@@ -287,7 +287,7 @@ vmm_status vmm_arena_resume(vmm_arena *a, const char *tag) {
     vmm_fail(a, st, "%s: %zu of %zu allocation(s) resumed; the rest stay paused: %s", c.label, resumed, c.total,
              cause);
   }
-  vmm_trace_arena_op(a, VMM_TRACE_RESUME, -1, 0, bytes, 0, NULL, c.id, st);
+  vmm_trace_arena_op(a, VMM_TRACE_RESUME, -1, 0, bytes, 0, NULL, c.id, VMM_POOL_SHARED, st);
   end(a, &c);
   pthread_mutex_unlock(&a->lock);
   return st;

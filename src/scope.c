@@ -23,7 +23,7 @@ static vmm_status scope_call(vmm_arena *a, vmm_trace_op op, vmm_status (*locked)
   if (!a) return VMM_ERR_INVALID_ARGUMENT;
   pthread_mutex_lock(&a->lock);
   vmm_status st = locked(a);
-  vmm_trace_arena_op(a, op, -1, 0, 0, 0, NULL, 0, st);
+  vmm_trace_arena_op(a, op, -1, 0, 0, 0, NULL, 0, VMM_POOL_SHARED, st);
   vmm_ctx_leave(a);
   pthread_mutex_unlock(&a->lock);
   return st;

@@ -12,8 +12,11 @@ struct vmm_trace_writer {
   uint64_t start_ns; /* vmm_now_ns() at open: lines carry times since then */
 };
 
-static const char *const op_names[VMM_TRACE_OP_COUNT] = {"alloc",  "free",          "begin",        "finish",
-                                                          "abort", "pause-discard", "pause-backup", "resume"};
+static const char *const op_names[VMM_TRACE_OP_COUNT] = {
+    "alloc", "free", "begin", "finish", "abort", "pause-discard", "pause-backup", "resume", /* version 1 */
+    "capture-begin", "capture-end", "release-pool", "empty-cache", "record-stream"};
+#define V1_OP_LIST "alloc, free, begin, finish, abort, pause-discard, pause-backup, resume"
+#define OP_LIST V1_OP_LIST ", capture-begin, capture-end, release-pool, empty-cache, record-stream"
 static const char *const kind_names[] = {"package", "transient"};
 
 static int tag_byte_plain(unsigned char c) { return c > 0x20 && c < 0x7f && c != '%'; }
@@ -30,9 +33,10 @@ size_t vmm_trace_format(const vmm_trace_record *r, char *buf, size_t cap) {
   tag[n] = '\0';
   const char *kind = r->kind >= 0 && r->kind < VMM_KIND_COUNT ? kind_names[r->kind] : "-";
   const char *op = (unsigned)r->op < VMM_TRACE_OP_COUNT ? op_names[r->op] : "?";
-  int len = snprintf(buf, cap, "%llu %s %s %llu %llu 0x%llx 0x%llx %s %s\n", (unsigned long long)r->t_ns, op, kind,
-                     (unsigned long long)r->requested, (unsigned long long)r->rounded, (unsigned long long)r->ptr,
-                     (unsigned long long)r->stream, tag, vmm_status_name((vmm_status)r->result));
+  int len = snprintf(buf, cap, "%llu %s %s %llu %llu 0x%llx 0x%llx %s %s %llu\n", (unsigned long long)r->t_ns, op,
+                     kind, (unsigned long long)r->requested, (unsigned long long)r->rounded,
+                     (unsigned long long)r->ptr, (unsigned long long)r->stream, tag,
+                     vmm_status_name((vmm_status)r->result), (unsigned long long)r->pool);
   return len < 0 ? 0 : (size_t)len;
 }
 
@@ -53,7 +57,7 @@ vmm_trace_writer *vmm_trace_open(const char *path) {
     return NULL;
   }
   setvbuf(w->f, w->buf, _IOFBF, 1 << 20);
-  fputs("vmmtrace 1\n", w->f);
+  fprintf(w->f, "vmmtrace %d\n", VMM_TRACE_VERSION);
   w->start_ns = vmm_now_ns();
   return w;
 }
@@ -75,7 +79,8 @@ void vmm_trace_close(vmm_trace_writer *w) {
 
 /* ---- Parser -------------------------------------------------------------------------- */
 
-#define FIELD_COUNT 9
+#define FIELD_MAX 10 /* version 2; version 1 has the first 9 */
+#define V1_FIELDS "time, operation, kind, requested, rounded, pointer, stream, tag, result"
 #define QUOTE_MAX 40 /* bytes of a field quoted in a message; longer ones end in "..." */
 
 /* The message of the latest malformed line parsed by this thread (vmm_trace_parse_line). */
@@ -202,52 +207,78 @@ static int check_kind(const vmm_trace_record *rec, span kind) {
   return 0;
 }
 
-static int record_fields(const span *f, vmm_trace_record *rec) {
+/* Version 2's last field: the pool an alloc asked or a pool op named; 0 for the others. */
+static int pool_field(span f, vmm_trace_record *rec) {
+  if (decimal_field(f, "pool", &rec->pool)) return -1;
+  bool named = rec->op == VMM_TRACE_ALLOC || rec->op == VMM_TRACE_CAPTURE_BEGIN || rec->op == VMM_TRACE_CAPTURE_END ||
+               rec->op == VMM_TRACE_RELEASE_POOL;
+  if (!named && rec->pool != 0) return bad("%s takes no pool (0), found \"%.*s%s\"", op_names[rec->op], QUOTED(f));
+  return 0;
+}
+
+static int op_field(span f, int version, vmm_trace_record *rec) {
+  int op = match(f, op_names, version == 1 ? VMM_TRACE_V1_OP_COUNT : VMM_TRACE_OP_COUNT);
+  if (op >= 0) return rec->op = (vmm_trace_op)op, 0;
+  if (version == 1 && match(f, op_names, VMM_TRACE_OP_COUNT) >= 0)
+    return bad("operation \"%.*s%s\" is not in version 1 (\"vmmtrace 1\"); it came with \"vmmtrace 2\"", QUOTED(f));
+  if (version == 1) return bad("unknown operation \"%.*s%s\" (" V1_OP_LIST ")", QUOTED(f));
+  return bad("unknown operation \"%.*s%s\" (" OP_LIST ")", QUOTED(f));
+}
+
+static int record_fields(const span *f, int version, vmm_trace_record *rec) {
   memset(rec, 0, sizeof *rec);
-  if (decimal_field(f[0], "time", &rec->t_ns)) return -1;
-  int op = match(f[1], op_names, VMM_TRACE_OP_COUNT);
-  if (op < 0)
-    return bad("unknown operation \"%.*s%s\" (alloc, free, begin, finish, abort, pause-discard, pause-backup, resume)",
-               QUOTED(f[1]));
-  rec->op = (vmm_trace_op)op;
+  if (decimal_field(f[0], "time", &rec->t_ns) || op_field(f[1], version, rec)) return -1;
   int no_kind = f[2].n == 1 && f[2].s[0] == '-';
   rec->kind = no_kind ? -1 : match(f[2], kind_names, 2);
   if (rec->kind < 0 && !no_kind)
     return bad("unknown kind \"%.*s%s\" (package, transient, -)", QUOTED(f[2]));
   if (decimal_field(f[3], "requested bytes", &rec->requested) || decimal_field(f[4], "rounded bytes", &rec->rounded) ||
       hex_field(f[5], "pointer", &rec->ptr) || hex_field(f[6], "stream", &rec->stream) || tag_field(f[7], rec->tag) ||
-      result_field(f[8], &rec->result) || check_kind(rec, f[2]))
+      result_field(f[8], &rec->result) || check_kind(rec, f[2]) || (version > 1 && pool_field(f[9], rec)))
     return -1;
   return 1;
 }
 
-static int parse(const char *line, size_t len, vmm_trace_record *rec) {
+/* A field count other than the version's; says so when the count is the other version's. */
+static int bad_count(int count, int version) {
+  if (version == 1)
+    return bad("%d fields, expected 9 (" V1_FIELDS ")%s", count,
+               count == 10 ? ": a version 1 trace (\"vmmtrace 1\") has no pool field" : "");
+  return bad("%d fields, expected 10 (" V1_FIELDS ", pool)%s", count,
+             count == 9 ? ": a version 2 trace (\"vmmtrace 2\") ends every line with a pool" : "");
+}
+
+static int parse(const char *line, size_t len, int version, vmm_trace_record *rec) {
+  if (version != 1 && version != 2) return bad("version %d: this parser reads versions 1 and 2", version);
   if (len && line[len - 1] == '\n') len--;
   if (len && line[len - 1] == '\r') len--;
   if (len == 0) return 0;
   if (check_printable(line, len)) return -1;
   if (line[0] == '#') return 0;
-  span f[FIELD_COUNT];
-  int count = split(line, len, f, FIELD_COUNT);
+  span f[FIELD_MAX];
+  int count = split(line, len, f, FIELD_MAX);
   if (count < 0) return -1;
   span whole = {line, len};
   if (f[0].n == 8 && !memcmp(f[0].s, "vmmtrace", 8)) {
-    if (count == 2 && f[1].n == 1 && f[1].s[0] == '1') return 0;
-    return bad("unsupported header \"%.*s%s\" (this reader reads \"vmmtrace 1\")", QUOTED(whole));
+    if (count == 2 && f[1].n == 1 && (f[1].s[0] == '1' || f[1].s[0] == '2')) return 0;
+    return bad("unsupported header \"%.*s%s\" (this reader reads \"vmmtrace 1\" and \"vmmtrace 2\")", QUOTED(whole));
   }
-  if (count != FIELD_COUNT)
-    return bad("%d fields, expected 9 (time, operation, kind, requested, rounded, pointer, stream, tag, result)", count);
-  return record_fields(f, rec);
+  if (count != (version == 1 ? 9 : 10)) return bad_count(count, version);
+  return record_fields(f, version, rec);
 }
 
-int vmm_trace_parse_line(const char *line, size_t len, vmm_trace_record *rec, const char **why) {
-  int rc = parse(line, len, rec);
+int vmm_trace_parse_line_version(const char *line, size_t len, int version, vmm_trace_record *rec, const char **why) {
+  int rc = parse(line, len, version, rec);
   if (rc < 0 && why) *why = parse_why;
   return rc;
 }
 
+int vmm_trace_parse_line(const char *line, size_t len, vmm_trace_record *rec, const char **why) {
+  return vmm_trace_parse_line_version(line, len, VMM_TRACE_VERSION, rec, why);
+}
+
 void vmm_trace_arena_op(vmm_arena *a, vmm_trace_op op, int kind, size_t requested, size_t rounded, CUdeviceptr ptr,
-                        CUstream stream, uint32_t tag, vmm_status result) {
+                        CUstream stream, uint32_t tag, vmm_pool_id pool, vmm_status result) {
   if (!a->trace) return;
   vmm_trace_record r;
   r.t_ns = vmm_now_ns();
@@ -260,5 +291,6 @@ void vmm_trace_arena_op(vmm_arena *a, vmm_trace_op op, int kind, size_t requeste
   const char *name = tag ? vmm_tag_name(tag) : NULL;
   snprintf(r.tag, sizeof r.tag, "%s", name ? name : "");
   r.result = result;
+  r.pool = pool;
   vmm_trace_write(a->trace, &r);
 }

@@ -26,6 +26,7 @@ struct vmm_trace_reader {
   size_t pos;  /* where the next line starts */
   size_t line; /* lines handed out so far */
   size_t records;
+  int version; /* of the header: 1 or 2 */
   char name[]; /* the path as messages write it */
 };
 
@@ -222,29 +223,40 @@ static size_t line_length(const vmm_trace_reader *t, size_t pos) {
 
 static int is_header(const char *s, size_t n) { return n >= 8 && !memcmp(s, "vmmtrace", 8); }
 
+/* The first line: the header, which sets the version the other lines are read in. */
+static vmm_status check_header(vmm_trace_reader *t, const report *r, const char *s, size_t n) {
+  vmm_trace_record rec;
+  const char *why = NULL;
+  int rc = vmm_trace_parse_line(s, n, &rec, &why);
+  if (rc < 0) return fail(r, VMM_ERR_INVALID_ARGUMENT, 1, "%s", why);
+  if (rc == 0 && is_header(s, n)) { /* exactly "vmmtrace 1" or "vmmtrace 2" */
+    t->version = s[9] - '0';
+    return VMM_OK;
+  }
+  size_t shown = n > 0 && s[n - 1] == '\r' ? n - 1 : n;
+  return fail(r, VMM_ERR_INVALID_ARGUMENT, 1, "expected the header \"vmmtrace 2\" (or \"vmmtrace 1\"), found \"%.*s%s\"",
+              (int)(shown > 40 ? 40 : shown), s, shown > 40 ? "..." : "");
+}
+
 /* Parses every line once: the header first, then records, comments and empty lines. */
 static vmm_status check_lines(vmm_trace_reader *t, const report *r) {
-  if (t->len == 0) return fail(r, VMM_ERR_INVALID_ARGUMENT, 0, "empty file (a trace begins with the line \"vmmtrace 1\")");
-  size_t line = 0;
-  for (size_t pos = 0; pos < t->len; line++) {
+  if (t->len == 0) return fail(r, VMM_ERR_INVALID_ARGUMENT, 0, "empty file (a trace begins with the line \"vmmtrace 2\")");
+  size_t n = line_length(t, 0), line = 1;
+  vmm_status st = check_header(t, r, t->text, n);
+  for (size_t pos = n + 1; st == VMM_OK && pos < t->len; line++) {
     const char *s = t->text + pos;
-    size_t n = line_length(t, pos);
+    n = line_length(t, pos);
     pos += n + 1;
     vmm_trace_record rec;
     const char *why = NULL;
-    int rc = vmm_trace_parse_line(s, n, &rec, &why);
+    int rc = vmm_trace_parse_line_version(s, n, t->version, &rec, &why);
     if (rc < 0) return fail(r, VMM_ERR_INVALID_ARGUMENT, line + 1, "%s", why);
-    int header = rc == 0 && is_header(s, n);
-    if (line == 0 && !header) {
-      size_t shown = n > 0 && s[n - 1] == '\r' ? n - 1 : n;
-      return fail(r, VMM_ERR_INVALID_ARGUMENT, 1, "expected the header \"vmmtrace 1\", found \"%.*s%s\"",
-                  (int)(shown > 40 ? 40 : shown), s, shown > 40 ? "..." : "");
-    }
-    if (line > 0 && header)
-      return fail(r, VMM_ERR_INVALID_ARGUMENT, line + 1, "a second header (\"vmmtrace 1\" is the first line only)");
+    if (rc == 0 && is_header(s, n))
+      return fail(r, VMM_ERR_INVALID_ARGUMENT, line + 1, "a second header (\"vmmtrace %d\" is the first line only)",
+                  t->version);
     t->records += (size_t)rc;
   }
-  return VMM_OK;
+  return st;
 }
 
 /* ---- Public calls -------------------------------------------------------------------- */
@@ -284,7 +296,7 @@ int vmm_trace_reader_next(vmm_trace_reader *r, vmm_trace_record *rec, size_t *li
     size_t n = line_length(r, r->pos);
     r->pos += n + 1;
     r->line++;
-    if (vmm_trace_parse_line(s, n, rec, NULL) == 1) {
+    if (vmm_trace_parse_line_version(s, n, r->version, rec, NULL) == 1) {
       if (line) *line = r->line;
       return 1;
     }

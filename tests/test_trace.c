@@ -1,7 +1,7 @@
 /* Operation trace: a round trip through a real arena (every line parsed back and compared with
- * what was done), switching the trace on and off, the parser on malformed lines, the file
- * reader (plain and gzip files, and what it refuses), and the configuration errors of
- * VMMARENA_TRACE. */
+ * what was done), whole-process mode's calls in it, switching the trace on and off, the parser
+ * on malformed lines of both versions, the file reader (plain and gzip files, version 1 and 2,
+ * and what it refuses), and the configuration errors of VMMARENA_TRACE. */
 #include "test_util.h"
 
 #include <dirent.h>
@@ -71,6 +71,7 @@ typedef struct expected {
   uint64_t requested, rounded, ptr, stream;
   char tag[VMM_TRACE_TAG_MAX];
   vmm_status result;
+  uint64_t pool;
 } expected;
 
 typedef struct oplog {
@@ -82,7 +83,7 @@ static void expect(oplog *l, vmm_trace_op op, int kind, uint64_t requested, uint
                    CUstream stream, const char *tag, vmm_status result) {
   assert_true(l->count < sizeof l->items / sizeof l->items[0]);
   expected *e = &l->items[l->count++];
-  *e = (expected){op, kind, requested, rounded, (uint64_t)(uintptr_t)ptr, (uint64_t)(uintptr_t)stream, "", result};
+  *e = (expected){op, kind, requested, rounded, (uint64_t)(uintptr_t)ptr, (uint64_t)(uintptr_t)stream, "", result, 0};
   snprintf(e->tag, sizeof e->tag, "%s", tag ? tag : ""); /* the trace keeps 255 bytes of a tag */
 }
 
@@ -119,7 +120,7 @@ static void assert_trace_matches(const char *path, const oplog *l, uint64_t elap
   size_t len;
   char *text = read_file(path, &len);
   assert_true(len > 11);
-  assert_memory_equal(text, "vmmtrace 1\n", 11);
+  assert_memory_equal(text, "vmmtrace 2\n", 11);
   size_t records = 0, line_no = 0;
   uint64_t last_t = 0;
   for (char *p = text, *end = text + len; p < end; line_no++) {
@@ -144,6 +145,7 @@ static void assert_trace_matches(const char *path, const oplog *l, uint64_t elap
       assert_int_equal(rec.stream, e->stream);
       assert_string_equal(rec.tag, e->tag);
       assert_int_equal(rec.result, e->result);
+      assert_int_equal(rec.pool, e->pool);
       assert_true(rec.t_ns >= last_t);
       assert_true(rec.t_ns <= elapsed);
       last_t = rec.t_ns;
@@ -271,30 +273,123 @@ static void trace_on_and_off(void **state) {
   remove_dir(dir, files, 2);
 }
 
+/* ---- Whole-process mode ---------------------------------------------------------------------- */
+
+/* An allocation into pool (above half the granularity: a whole mapping), logged. */
+static void *alloc_in_logged(oplog *l, vmm_arena *a, size_t bytes, CUstream s, vmm_pool_id pool, vmm_status want) {
+  void *p = NULL;
+  vmm_status st = vmm_arena_alloc_in(a, bytes, VMM_KIND_TRANSIENT, s, pool, &p);
+  if (st != want) fprintf(stderr, "alloc_in %zu: %s: %s\n", bytes, vmm_status_name(st), vmm_arena_last_error(a));
+  assert_int_equal(st, want);
+  size_t g = vmm_arena_granularity(a);
+  uint64_t rounded = st == VMM_ERR_INVALID_ARGUMENT ? 0 : (bytes + g - 1) / g * g; /* refused before rounding */
+  expect(l, VMM_TRACE_ALLOC, VMM_KIND_TRANSIENT, bytes, rounded, p, s, NULL, st);
+  l->items[l->count - 1].pool = pool;
+  return p;
+}
+
+/* capture-begin, capture-end or release-pool of pool, logged. */
+static void pool_logged(oplog *l, vmm_arena *a, vmm_trace_op op, vmm_pool_id pool, vmm_status want) {
+  vmm_status st = op == VMM_TRACE_CAPTURE_BEGIN ? vmm_arena_capture_begin(a, pool)
+                  : op == VMM_TRACE_CAPTURE_END ? vmm_arena_capture_end(a, pool)
+                                                : vmm_arena_release_pool(a, pool);
+  assert_int_equal(st, want);
+  expect(l, op, -1, 0, 0, NULL, NULL, NULL, st);
+  l->items[l->count - 1].pool = pool;
+}
+
+static void record_stream_logged(oplog *l, vmm_arena *a, void *p, CUstream s, vmm_status want) {
+  assert_int_equal(vmm_arena_record_stream(a, p, s), want);
+  expect(l, VMM_TRACE_RECORD_STREAM, -1, 0, 0, p, s, NULL, want);
+}
+
+/* empty-cache, logged with the bytes it released (the snapshot's physical bytes before less
+ * after). */
+static void empty_cache_logged(oplog *l, vmm_arena *a, uint64_t want_released) {
+  uint64_t before = tu_snapshot(a).physical_bytes;
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
+  assert_int_equal(before - tu_snapshot(a).physical_bytes, want_released);
+  expect(l, VMM_TRACE_EMPTY_CACHE, -1, 0, want_released, NULL, NULL, NULL, VMM_OK);
+}
+
+/* A caching arena traces its pools, captures, record_stream and empty_cache with their
+ * results: refused calls too. */
+static void whole_process_calls(void **state) {
+  (void)state;
+  char *dir = make_dir();
+  char *path = path_in(dir, "process.trace");
+  fake_driver_reset(NULL);
+  vmm_config cfg = tu_config();
+  cfg.trace_path = path;
+  cfg.caching = 1;
+  uint64_t t0 = now_ns();
+  vmm_arena *a = tu_arena(NULL, &cfg);
+  static oplog l;
+  l.count = 0;
+  void *x = alloc_in_logged(&l, a, 4 * MiB, S1, VMM_POOL_SHARED, VMM_OK);
+  pool_logged(&l, a, VMM_TRACE_CAPTURE_BEGIN, 7, VMM_OK);
+  void *g = alloc_in_logged(&l, a, 6 * MiB - 5, S2, 7, VMM_OK);
+  record_stream_logged(&l, a, g, S1, VMM_OK);
+  record_stream_logged(&l, a, g, S1, VMM_OK); /* already added: a no-op, traced all the same */
+  pool_logged(&l, a, VMM_TRACE_CAPTURE_END, 7, VMM_OK);
+  free_logged(&l, a, g, VMM_KIND_TRANSIENT, 6 * MiB, NULL, S2, VMM_OK);
+  pool_logged(&l, a, VMM_TRACE_RELEASE_POOL, 7, VMM_OK);
+  alloc_in_logged(&l, a, 2 * MiB, S1, 7, VMM_ERR_INVALID_ARGUMENT); /* a released pool */
+  free_logged(&l, a, x, VMM_KIND_TRANSIENT, 4 * MiB, NULL, S1, VMM_OK);
+  empty_cache_logged(&l, a, 10 * MiB); /* x and g, both cached */
+  empty_cache_logged(&l, a, 0);
+  /* Refused calls. */
+  pool_logged(&l, a, VMM_TRACE_CAPTURE_BEGIN, VMM_POOL_SHARED, VMM_ERR_INVALID_ARGUMENT);
+  pool_logged(&l, a, VMM_TRACE_CAPTURE_BEGIN, 7, VMM_ERR_INVALID_ARGUMENT); /* released */
+  pool_logged(&l, a, VMM_TRACE_CAPTURE_END, 3, VMM_ERR_INVALID_ARGUMENT);   /* no capture underway */
+  pool_logged(&l, a, VMM_TRACE_RELEASE_POOL, VMM_POOL_SHARED, VMM_ERR_INVALID_ARGUMENT);
+  record_stream_logged(&l, a, (void *)(uintptr_t)0x1234000, S1, VMM_ERR_UNKNOWN_POINTER);
+  record_stream_logged(&l, a, g, S1, VMM_ERR_UNKNOWN_POINTER); /* freed */
+  tu_destroy(a);
+  assert_trace_matches(path, &l, now_ns() - t0);
+
+  size_t len;
+  char *text = read_file(path, &len);
+  text[len - 1] = '\0';
+  assert_non_null(strstr(text, " capture-begin - 0 0 0x0 0x0 - VMM_OK 7\n"));
+  assert_non_null(strstr(text, " release-pool - 0 0 0x0 0x0 - VMM_OK 7\n"));
+  assert_non_null(strstr(text, " empty-cache - 0 10485760 0x0 0x0 - VMM_OK 0\n"));
+  assert_non_null(strstr(text, " record-stream - 0 0 0x1234000 0x5001 - VMM_ERR_UNKNOWN_POINTER 0\n"));
+  assert_non_null(strstr(text, " alloc transient 2097152 0 0x0 0x5001 - VMM_ERR_INVALID_ARGUMENT 7\n"));
+  free(text);
+  remove_dir(dir, &path, 1);
+}
+
 /* ---- The line parser ------------------------------------------------------------------------ */
 
-/* Parses a copy of line in a buffer of exactly its length, so ASan sees any read past it. */
-static int parse_exact(const char *line, vmm_trace_record *rec, const char **why) {
+/* Parses a copy of line, as a line of a version `version` trace, in a buffer of exactly its
+ * length, so ASan sees any read past it. */
+static int parse_exact_version(const char *line, int version, vmm_trace_record *rec, const char **why) {
   size_t n = strlen(line);
   char *copy = malloc(n ? n : 1);
   assert_non_null(copy);
   memcpy(copy, line, n);
-  int rc = vmm_trace_parse_line(copy, n, rec, why);
+  int rc = vmm_trace_parse_line_version(copy, n, version, rec, why);
   free(copy);
   return rc;
+}
+
+static int parse_exact(const char *line, vmm_trace_record *rec, const char **why) {
+  return parse_exact_version(line, VMM_TRACE_VERSION, rec, why);
 }
 
 static void parser_accepts(void **state) {
   (void)state;
   vmm_trace_record r;
   const char *why = NULL;
-  assert_int_equal(parse_exact("vmmtrace 1", &r, &why), 0);
-  assert_int_equal(parse_exact("vmmtrace 1\r\n", &r, &why), 0);
+  assert_int_equal(parse_exact("vmmtrace 2", &r, &why), 0);
+  assert_int_equal(parse_exact("vmmtrace 1\r\n", &r, &why), 0); /* either header, in either version */
+  assert_int_equal(parse_exact_version("vmmtrace 2", 1, &r, &why), 0);
   assert_int_equal(parse_exact("# a comment", &r, &why), 0);
   assert_int_equal(parse_exact("", &r, &why), 0);
   assert_int_equal(parse_exact("\r\n", &r, &why), 0);
   assert_int_equal(parse_exact("#\t", &r, &why), -1); /* a comment is printable ASCII too */
-  assert_int_equal(parse_exact("12 alloc package 4096 2097152 0x7F0000000000 0x5001 a%20b%25 VMM_OK\r\n", &r, &why), 1);
+  assert_int_equal(parse_exact("12 alloc package 4096 2097152 0x7F0000000000 0x5001 a%20b%25 VMM_OK 3\r\n", &r, &why), 1);
   assert_int_equal(r.t_ns, 12);
   assert_int_equal(r.op, VMM_TRACE_ALLOC);
   assert_int_equal(r.kind, VMM_KIND_PACKAGE);
@@ -304,64 +399,136 @@ static void parser_accepts(void **state) {
   assert_int_equal(r.stream, 0x5001);
   assert_string_equal(r.tag, "a b%");
   assert_int_equal(r.result, VMM_OK);
-  assert_int_equal(parse_exact("0 free - 0 0 0x0 0x0 - VMM_ERR_UNKNOWN_POINTER", &r, &why), 1); /* failed: no kind */
+  assert_int_equal(r.pool, 3);
+  assert_int_equal(parse_exact("0 free - 0 0 0x0 0x0 - VMM_ERR_UNKNOWN_POINTER 0", &r, &why), 1); /* failed: no kind */
   assert_int_equal(r.kind, -1);
   assert_string_equal(r.tag, "");
-  assert_int_equal(parse_exact("18446744073709551615 abort - 0 0 0x0 0x0 - VMM_ERR_SCOPE_STATE", &r, &why), 1);
+  assert_int_equal(parse_exact("18446744073709551615 abort - 0 0 0x0 0x0 - VMM_ERR_SCOPE_STATE 0", &r, &why), 1);
   assert_int_equal(r.t_ns, UINT64_MAX);
   assert_int_equal(r.op, VMM_TRACE_ABORT);
-  assert_int_equal(parse_exact("5 begin - 0 0 0x0 0x0 %2D VMM_OK", &r, &why), 1);
+  assert_int_equal(parse_exact("5 begin - 0 0 0x0 0x0 %2D VMM_OK 0", &r, &why), 1);
   assert_string_equal(r.tag, "-");
+  /* Version 1: nine fields, pool 0. */
+  memset(&r, 0xff, sizeof r);
+  assert_int_equal(parse_exact_version("12 alloc package 4096 2097152 0x7f0000000000 0x5001 w VMM_OK", 1, &r, &why), 1);
+  assert_int_equal(r.op, VMM_TRACE_ALLOC);
+  assert_string_equal(r.tag, "w");
+  assert_int_equal(r.result, VMM_OK);
+  assert_int_equal(r.pool, 0);
+  assert_int_equal(parse_exact_version("7 resume - 0 4194304 0x0 0x0 kv VMM_OK", 1, &r, &why), 1);
+  assert_int_equal(r.op, VMM_TRACE_RESUME);
+  /* The calls of whole-process mode (version 2). */
+  static const struct {
+    const char *line;
+    vmm_trace_op op;
+    uint64_t rounded, ptr, stream, pool;
+    vmm_status result;
+  } process[] = {
+      {"20 capture-begin - 0 0 0x0 0x0 - VMM_OK 7", VMM_TRACE_CAPTURE_BEGIN, 0, 0, 0, 7, VMM_OK},
+      {"21 capture-end - 0 0 0x0 0x0 - VMM_OK 7", VMM_TRACE_CAPTURE_END, 0, 0, 0, 7, VMM_OK},
+      {"22 release-pool - 0 0 0x0 0x0 - VMM_OK 18446744073709551615", VMM_TRACE_RELEASE_POOL, 0, 0, 0, UINT64_MAX,
+       VMM_OK},
+      {"23 empty-cache - 0 10485760 0x0 0x0 - VMM_OK 0", VMM_TRACE_EMPTY_CACHE, 10485760, 0, 0, 0, VMM_OK},
+      {"24 record-stream - 0 0 0x7f0000200000 0x5002 - VMM_OK 0", VMM_TRACE_RECORD_STREAM, 0, 0x7f0000200000ull, 0x5002,
+       0, VMM_OK},
+      {"25 capture-begin - 0 0 0x0 0x0 - VMM_ERR_INVALID_ARGUMENT 0", VMM_TRACE_CAPTURE_BEGIN, 0, 0, 0, 0,
+       VMM_ERR_INVALID_ARGUMENT},
+      {"26 empty-cache - 0 0 0x0 0x0 - VMM_ERR_DRIVER 0", VMM_TRACE_EMPTY_CACHE, 0, 0, 0, 0, VMM_ERR_DRIVER},
+  };
+  for (size_t i = 0; i < sizeof process / sizeof process[0]; i++) {
+    assert_int_equal(parse_exact(process[i].line, &r, &why), 1);
+    assert_int_equal(r.op, process[i].op);
+    assert_int_equal(r.kind, -1);
+    assert_int_equal(r.rounded, process[i].rounded);
+    assert_int_equal(r.ptr, process[i].ptr);
+    assert_int_equal(r.stream, process[i].stream);
+    assert_int_equal(r.pool, process[i].pool);
+    assert_int_equal(r.result, process[i].result);
+    char line[256];
+    assert_int_equal(vmm_trace_format(&r, line, sizeof line), strlen(process[i].line) + 1);
+    assert_memory_equal(line, process[i].line, strlen(process[i].line)); /* and back, byte for byte */
+  }
 }
 
 /* A line of more than 255 tag bytes; filled in by parser_rejects. */
 static char too_long[320];
 
-/* Malformed lines and the start of the message for each. */
+#define ALL_OPS                                                                                                 \
+  "(alloc, free, begin, finish, abort, pause-discard, pause-backup, resume, capture-begin, capture-end, "       \
+  "release-pool, empty-cache, record-stream)"
+#define V2_FIELDS "(time, operation, kind, requested, rounded, pointer, stream, tag, result, pool)"
+#define V1_FIELDS "(time, operation, kind, requested, rounded, pointer, stream, tag, result)"
+
+/* Malformed lines (version 2 unless said) and the start of the message for each. */
 static const struct {
   const char *line, *why;
+  int version; /* 0: the current one */
 } bad_lines[] = {
-    {"vmmtrace 2", "unsupported header \"vmmtrace 2\" (this reader reads \"vmmtrace 1\")"},
-    {"vmmtrace", "unsupported header \"vmmtrace\""},
-    {"vmmtrace 1 extra", "unsupported header \"vmmtrace 1 extra\""},
-    {"vmmtrace 10", "unsupported header \"vmmtrace 10\""},
-    {"x1 alloc package 1 2 0x1 0x2 t VMM_OK", "time \"x1\" is not a decimal number below 2^64"},
-    {"-1 alloc package 1 2 0x1 0x2 t VMM_OK", "time \"-1\""},
-    {"18446744073709551616 alloc package 1 2 0x1 0x2 t VMM_OK", "time \"18446744073709551616\""},
+    {"vmmtrace 3", "unsupported header \"vmmtrace 3\" (this reader reads \"vmmtrace 1\" and \"vmmtrace 2\")", 0},
+    {"vmmtrace", "unsupported header \"vmmtrace\"", 0},
+    {"vmmtrace 1 extra", "unsupported header \"vmmtrace 1 extra\"", 0},
+    {"vmmtrace 10", "unsupported header \"vmmtrace 10\"", 0},
+    {"vmmtrace 0", "unsupported header \"vmmtrace 0\"", 1},
+    {"x1 alloc package 1 2 0x1 0x2 t VMM_OK 0", "time \"x1\" is not a decimal number below 2^64", 0},
+    {"-1 alloc package 1 2 0x1 0x2 t VMM_OK 0", "time \"-1\"", 0},
+    {"18446744073709551616 alloc package 1 2 0x1 0x2 t VMM_OK 0", "time \"18446744073709551616\"", 0},
+    {"1 allot package 1 2 0x1 0x2 t VMM_OK 0", "unknown operation \"allot\" " ALL_OPS, 0},
     {"1 allot package 1 2 0x1 0x2 t VMM_OK",
-     "unknown operation \"allot\" (alloc, free, begin, finish, abort, pause-discard, pause-backup, resume)"},
-    {"1", "1 fields, expected 9 (time, operation, kind, requested, rounded, pointer, stream, tag, result)"},
-    {"1 alloc pkg 1 2 0x1 0x2 t VMM_OK", "unknown kind \"pkg\" (package, transient, -)"},
-    {"1 alloc", "2 fields, expected 9"},
-    {"1 alloc package 4k 2 0x1 0x2 t VMM_OK", "requested bytes \"4k\" is not a decimal number"},
-    {"1 alloc package 1 -2 0x1 0x2 t VMM_OK", "rounded bytes \"-2\""},
-    {"1 alloc package 1 2 7f00 0x2 t VMM_OK", "pointer \"7f00\" is not 0x and hex digits below 2^64"},
-    {"1 alloc package 1 2 0x 0x2 t VMM_OK", "pointer \"0x\""},
-    {"1 alloc package 1 2 0X1 0x2 t VMM_OK", "pointer \"0X1\""},
-    {"1 alloc package 1 2 0xZZ 0x2 t VMM_OK", "pointer \"0xZZ\""},
-    {"1 alloc package 1 2 0x10000000000000000 0x2 t VMM_OK", "pointer \"0x10000000000000000\""},
-    {"1 alloc package 1 2 0x1 5001 t VMM_OK", "stream \"5001\""},
-    {"1 alloc package 1 2 0x1 0x2", "7 fields, expected 9"},
-    {"1 alloc package 1 2 0x1 0x2 t", "8 fields, expected 9"},
-    {"1 alloc package 1 2 0x1 0x2 t VMM_FINE", "unknown result \"VMM_FINE\" (a status name: VMM_OK, VMM_ERR_...)"},
-    {"1 alloc package 1 2 0x1 0x2 t VMM_OK extra", "10 fields, expected 9"},
-    {"1 alloc package 1 2 0x1 0x2 ab%4 VMM_OK", "tag \"ab%4\": truncated %XX escape"},
-    {"1 alloc package 1 2 0x1 0x2 ab% VMM_OK", "tag \"ab%\": truncated %XX escape"},
-    {"1 alloc package 1 2 0x1 0x2 %zz VMM_OK", "tag \"%zz\": bad %XX escape \"%zz\""},
-    {"1 alloc package 1 2 0x1 0x2 a%00b VMM_OK", "tag \"a%00b\": %00 (a NUL byte) cannot be in a tag"},
-    {"1 alloc package 1 2 0x1 0x2 a\tb VMM_OK", "byte \\x09 at column 30 is not printable ASCII"},
-    {"1 alloc package 1 2 0x1 0x2 caf\xc3\xa9 VMM_OK", "byte \\xc3 at column 32 is not printable ASCII"},
-    {"1 alloc package 1 2 0x1 0x2 t\r VMM_OK", "byte \\x0d at column 30"},
-    {"# \x1b[31m", "byte \\x1b at column 3"},
-    {too_long, "tag \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...\": longer than 255 bytes"},
-    {"1 alloc - 1 2 0x1 0x2 t VMM_OK", "a successful alloc needs a kind (package or transient), found \"-\""},
-    {"1 free - 0 2 0x1 0x2 t VMM_OK", "a successful free needs a kind"},
-    {"1 begin package 0 0 0x0 0x0 - VMM_OK", "begin takes no kind (\"-\"), found \"package\""},
-    {"1 resume transient 0 0 0x0 0x0 t VMM_OK", "resume takes no kind"},
-    {"1 alloc  package 1 2 0x1 0x2 t VMM_OK", "two spaces at column 8 (fields are separated by one space)"},
-    {" 1 alloc package 1 2 0x1 0x2 t VMM_OK", "the line begins with a space"},
-    {"   ", "the line begins with a space"},
-    {"1 alloc package 1 2 0x1 0x2 t VMM_OK ", "the line ends with a space"},
+     "unknown operation \"allot\" (alloc, free, begin, finish, abort, pause-discard, pause-backup, resume)", 1},
+    {"1 capture-begin - 0 0 0x0 0x0 - VMM_OK",
+     "operation \"capture-begin\" is not in version 1 (\"vmmtrace 1\"); it came with \"vmmtrace 2\"", 1},
+    {"1 record-stream - 0 0 0x1 0x2 - VMM_OK", "operation \"record-stream\" is not in version 1", 1},
+    {"1 Empty-cache - 0 0 0x0 0x0 - VMM_OK 0", "unknown operation \"Empty-cache\"", 0},
+    {"1", "1 fields, expected 10 " V2_FIELDS, 0},
+    {"1", "1 fields, expected 9 " V1_FIELDS, 1},
+    {"1 alloc pkg 1 2 0x1 0x2 t VMM_OK 0", "unknown kind \"pkg\" (package, transient, -)", 0},
+    {"1 alloc", "2 fields, expected 10", 0},
+    {"1 alloc package 4k 2 0x1 0x2 t VMM_OK 0", "requested bytes \"4k\" is not a decimal number", 0},
+    {"1 alloc package 1 -2 0x1 0x2 t VMM_OK 0", "rounded bytes \"-2\"", 0},
+    {"1 alloc package 1 2 7f00 0x2 t VMM_OK 0", "pointer \"7f00\" is not 0x and hex digits below 2^64", 0},
+    {"1 alloc package 1 2 0x 0x2 t VMM_OK 0", "pointer \"0x\"", 0},
+    {"1 alloc package 1 2 0X1 0x2 t VMM_OK 0", "pointer \"0X1\"", 0},
+    {"1 alloc package 1 2 0xZZ 0x2 t VMM_OK 0", "pointer \"0xZZ\"", 0},
+    {"1 alloc package 1 2 0x10000000000000000 0x2 t VMM_OK 0", "pointer \"0x10000000000000000\"", 0},
+    {"1 alloc package 1 2 0x1 5001 t VMM_OK 0", "stream \"5001\"", 0},
+    {"1 alloc package 1 2 0x1 0x2 t", "8 fields, expected 10", 0},
+    {"1 alloc package 1 2 0x1 0x2 t VMM_FINE 0", "unknown result \"VMM_FINE\" (a status name: VMM_OK, VMM_ERR_...)", 0},
+    /* The field count of the other version, each way. */
+    {"1 alloc package 1 2 0x1 0x2 t VMM_OK", "9 fields, expected 10 " V2_FIELDS
+     ": a version 2 trace (\"vmmtrace 2\") ends every line with a pool", 0},
+    {"1 alloc package 1 2 0x1 0x2 t VMM_OK 0", "10 fields, expected 9 " V1_FIELDS
+     ": a version 1 trace (\"vmmtrace 1\") has no pool field", 1},
+    {"1 alloc package 1 2 0x1 0x2 t VMM_OK 0 extra", "11 fields, expected 10 " V2_FIELDS, 0},
+    /* The pool. */
+    {"1 alloc package 1 2 0x1 0x2 t VMM_OK x7", "pool \"x7\" is not a decimal number below 2^64", 0},
+    {"1 alloc package 1 2 0x1 0x2 t VMM_OK -1", "pool \"-1\"", 0},
+    {"1 alloc package 1 2 0x1 0x2 t VMM_OK 0x7", "pool \"0x7\"", 0},
+    {"1 alloc package 1 2 0x1 0x2 t VMM_OK 18446744073709551616", "pool \"18446744073709551616\"", 0},
+    {"1 capture-end - 0 0 0x0 0x0 - VMM_OK -", "pool \"-\"", 0},
+    {"1 free package 0 2 0x1 0x2 t VMM_OK 7", "free takes no pool (0), found \"7\"", 0},
+    {"1 empty-cache - 0 0 0x0 0x0 - VMM_OK 1", "empty-cache takes no pool (0), found \"1\"", 0},
+    {"1 record-stream - 0 0 0x1 0x2 - VMM_OK 3", "record-stream takes no pool", 0},
+    {"1 begin - 0 0 0x0 0x0 - VMM_OK 3", "begin takes no pool", 0},
+    {"1 capture-begin package 0 0 0x0 0x0 - VMM_OK 3", "capture-begin takes no kind (\"-\"), found \"package\"", 0},
+    {"1 record-stream transient 0 0 0x1 0x2 - VMM_OK 0", "record-stream takes no kind", 0},
+    {"1 alloc package 1 2 0x1 0x2 ab%4 VMM_OK 0", "tag \"ab%4\": truncated %XX escape", 0},
+    {"1 alloc package 1 2 0x1 0x2 ab% VMM_OK 0", "tag \"ab%\": truncated %XX escape", 0},
+    {"1 alloc package 1 2 0x1 0x2 %zz VMM_OK 0", "tag \"%zz\": bad %XX escape \"%zz\"", 0},
+    {"1 alloc package 1 2 0x1 0x2 a%00b VMM_OK 0", "tag \"a%00b\": %00 (a NUL byte) cannot be in a tag", 0},
+    {"1 alloc package 1 2 0x1 0x2 a\tb VMM_OK 0", "byte \\x09 at column 30 is not printable ASCII", 0},
+    {"1 alloc package 1 2 0x1 0x2 caf\xc3\xa9 VMM_OK 0", "byte \\xc3 at column 32 is not printable ASCII", 0},
+    {"1 alloc package 1 2 0x1 0x2 t\r VMM_OK 0", "byte \\x0d at column 30", 0},
+    {"# \x1b[31m", "byte \\x1b at column 3", 0},
+    {too_long, "tag \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...\": longer than 255 bytes", 0},
+    {"1 alloc - 1 2 0x1 0x2 t VMM_OK 0", "a successful alloc needs a kind (package or transient), found \"-\"", 0},
+    {"1 free - 0 2 0x1 0x2 t VMM_OK 0", "a successful free needs a kind", 0},
+    {"1 begin package 0 0 0x0 0x0 - VMM_OK 0", "begin takes no kind (\"-\"), found \"package\"", 0},
+    {"1 resume transient 0 0 0x0 0x0 t VMM_OK 0", "resume takes no kind", 0},
+    {"1 alloc  package 1 2 0x1 0x2 t VMM_OK 0", "two spaces at column 8 (fields are separated by one space)", 0},
+    {" 1 alloc package 1 2 0x1 0x2 t VMM_OK 0", "the line begins with a space", 0},
+    {"   ", "the line begins with a space", 0},
+    {"1 alloc package 1 2 0x1 0x2 t VMM_OK 0 ", "the line ends with a space", 0},
+    {"1 begin - 0 0 0x0 0x0 - VMM_OK", "version 3: this parser reads versions 1 and 2", 3},
 };
 
 static void parser_rejects(void **state) {
@@ -369,29 +536,30 @@ static void parser_rejects(void **state) {
   char long_tag[257];
   memset(long_tag, 'x', 256);
   long_tag[256] = '\0';
-  snprintf(too_long, sizeof too_long, "1 alloc package 1 2 0x1 0x2 %s VMM_OK", long_tag);
+  snprintf(too_long, sizeof too_long, "1 alloc package 1 2 0x1 0x2 %s VMM_OK 0", long_tag);
   const size_t count = sizeof bad_lines / sizeof bad_lines[0];
   for (size_t i = 0; i < count; i++) {
     const char *line = bad_lines[i].line, *want = bad_lines[i].why;
+    int version = bad_lines[i].version ? bad_lines[i].version : VMM_TRACE_VERSION;
     vmm_trace_record r;
     const char *why = NULL;
-    int rc = parse_exact(line, &r, &why);
+    int rc = parse_exact_version(line, version, &r, &why);
     if (rc != -1 || !why || strncmp(why, want, strlen(want)))
       fprintf(stderr, "\"%s\": rc %d, why \"%s\", expected \"%s\"\n", line, rc, why ? why : "(null)", want);
     assert_int_equal(rc, -1);
     assert_non_null(why);
     assert_memory_equal(why, want, strlen(want)); /* the message starts with this */
     for (const char *c = why; *c; c++) assert_true(*c >= 0x20 && *c <= 0x7e);
-    assert_int_equal(parse_exact(line, &r, NULL), -1); /* why is optional */
+    assert_int_equal(parse_exact_version(line, version, &r, NULL), -1); /* why is optional */
   }
   /* A NUL byte is a byte like any other: the parser reads len bytes, not a C string. */
   vmm_trace_record r;
   const char *why = NULL;
-  assert_int_equal(vmm_trace_parse_line("1 begin - 0 0 0x0 0x0 -\0VMM_OK", 30, &r, &why), -1);
+  assert_int_equal(vmm_trace_parse_line("1 begin - 0 0 0x0 0x0 -\0VMM_OK 0", 32, &r, &why), -1);
   assert_string_equal(why, "byte \\x00 at column 24 is not printable ASCII");
   /* A good line leaves why as it was. */
   const char *kept = "unchanged";
-  assert_int_equal(parse_exact("1 begin - 0 0 0x0 0x0 - VMM_OK", &r, &kept), 1);
+  assert_int_equal(parse_exact("1 begin - 0 0 0x0 0x0 - VMM_OK 0", &r, &kept), 1);
   assert_string_equal(kept, "unchanged");
 }
 
@@ -489,6 +657,46 @@ static void reader_reads_records(void **state) {
   remove_dir(dir, &path, 1);
 }
 
+#define GOOD_TRACE_V2                                                                                     \
+  "vmmtrace 2\n"                                                                                          \
+  "10 capture-begin - 0 0 0x0 0x0 - VMM_OK 3\n"                                                           \
+  "20 alloc package 4096 2097152 0x7f0000000000 0x5001 a%20b VMM_OK 3\n"                                  \
+  "# comments and empty lines as in version 1\n"                                                          \
+  "\r\n"                                                                                                  \
+  "30 record-stream - 0 0 0x7f0000000000 0x5002 - VMM_OK 0\n"                                             \
+  "40 capture-end - 0 0 0x0 0x0 - VMM_OK 3\n"                                                             \
+  "50 release-pool - 0 0 0x0 0x0 - VMM_OK 3\n"                                                            \
+  "60 empty-cache - 0 0 0x0 0x0 - VMM_OK 0"
+
+/* A version 2 file: the records of whole-process mode with their pools. */
+static void reader_reads_version_2(void **state) {
+  (void)state;
+  char *dir = make_dir();
+  char *path = path_in(dir, "good2.trace");
+  write_bytes(path, GOOD_TRACE_V2, strlen(GOOD_TRACE_V2));
+  char msg[256];
+  vmm_trace_reader *r = NULL;
+  assert_int_equal(vmm_trace_reader_open(path, &r, msg, sizeof msg), VMM_OK);
+  assert_int_equal(vmm_trace_reader_records(r), 6);
+  static const struct {
+    size_t line;
+    vmm_trace_op op;
+    uint64_t pool;
+  } want[] = {{2, VMM_TRACE_CAPTURE_BEGIN, 3}, {3, VMM_TRACE_ALLOC, 3},       {6, VMM_TRACE_RECORD_STREAM, 0},
+              {7, VMM_TRACE_CAPTURE_END, 3},   {8, VMM_TRACE_RELEASE_POOL, 3}, {9, VMM_TRACE_EMPTY_CACHE, 0}};
+  vmm_trace_record rec;
+  size_t line = 0;
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    assert_int_equal(vmm_trace_reader_next(r, &rec, &line), 1);
+    assert_int_equal(line, want[i].line);
+    assert_int_equal(rec.op, want[i].op);
+    assert_int_equal(rec.pool, want[i].pool);
+  }
+  assert_int_equal(vmm_trace_reader_next(r, &rec, &line), 0);
+  vmm_trace_reader_close(r);
+  remove_dir(dir, &path, 1);
+}
+
 /* gzip data is decompressed; truncated and corrupt data, and no gzip to run, are refused. */
 static void reader_gzip(void **state) {
   (void)state;
@@ -513,7 +721,7 @@ static void reader_gzip(void **state) {
   gz[len - 8] ^= 0x5a; /* the CRC of the data */
   write_bytes(files[3], gz, len);
   assert_refused(files[3], "corrupt gzip data", VMM_ERR_INVALID_ARGUMENT);
-  assert_refused(files[4], "empty file (a trace begins with the line \"vmmtrace 1\")", VMM_ERR_INVALID_ARGUMENT);
+  assert_refused(files[4], "empty file (a trace begins with the line \"vmmtrace 2\")", VMM_ERR_INVALID_ARGUMENT);
   assert_int_equal(open_fds(), fds); /* the pipes to gzip are closed */
 
   char *saved = strdup(getenv("PATH"));
@@ -537,14 +745,31 @@ static void reader_refuses(void **state) {
     size_t len; /* 0: strlen(text) */
     const char *want;
   } bad[] = {
-      {"", 0, "empty file (a trace begins with the line \"vmmtrace 1\")"},
-      {"10 begin - 0 0 0x0 0x0 - VMM_OK\n", 0,
-       "line 1: expected the header \"vmmtrace 1\", found \"10 begin - 0 0 0x0 0x0 - VMM_OK\""},
-      {"# a comment first\nvmmtrace 1\n", 0, "line 1: expected the header \"vmmtrace 1\", found \"# a comment first\""},
-      {"\nvmmtrace 1\n", 0, "line 1: expected the header \"vmmtrace 1\", found \"\""},
-      {"vmmtrace 2\n", 0, "line 1: unsupported header \"vmmtrace 2\" (this reader reads \"vmmtrace 1\")"},
+      {"", 0, "empty file (a trace begins with the line \"vmmtrace 2\")"},
+      {"10 begin - 0 0 0x0 0x0 - VMM_OK 0\n", 0,
+       "line 1: expected the header \"vmmtrace 2\" (or \"vmmtrace 1\"), found \"10 begin - 0 0 0x0 0x0 - VMM_OK 0\""},
+      {"# a comment first\nvmmtrace 1\n", 0,
+       "line 1: expected the header \"vmmtrace 2\" (or \"vmmtrace 1\"), found \"# a comment first\""},
+      {"\nvmmtrace 1\n", 0, "line 1: expected the header \"vmmtrace 2\" (or \"vmmtrace 1\"), found \"\""},
+      {"vmmtrace 3\n", 0,
+       "line 1: unsupported header \"vmmtrace 3\" (this reader reads \"vmmtrace 1\" and \"vmmtrace 2\")"},
       {"vmmtrace 1\n10 begin - 0 0 0x0 0x0 - VMM_OK\nvmmtrace 1\n", 0,
        "line 3: a second header (\"vmmtrace 1\" is the first line only)"},
+      {"vmmtrace 2\n10 begin - 0 0 0x0 0x0 - VMM_OK 0\nvmmtrace 1\n", 0,
+       "line 3: a second header (\"vmmtrace 2\" is the first line only)"},
+      /* A line of the other version: the header decides. */
+      {"vmmtrace 1\n10 begin - 0 0 0x0 0x0 - VMM_OK\n11 alloc package 1 2097152 0x1000 0x0 - VMM_OK 0\n", 0,
+       "line 3: 10 fields, expected 9 (time, operation, kind, requested, rounded, pointer, stream, tag, result): a "
+       "version 1 trace (\"vmmtrace 1\") has no pool field"},
+      {"vmmtrace 2\n# v1 lines follow\n10 begin - 0 0 0x0 0x0 - VMM_OK\n", 0,
+       "line 3: 9 fields, expected 10 (time, operation, kind, requested, rounded, pointer, stream, tag, result, "
+       "pool): a version 2 trace (\"vmmtrace 2\") ends every line with a pool"},
+      {"vmmtrace 1\n10 empty-cache - 0 0 0x0 0x0 - VMM_OK\n", 0,
+       "line 2: operation \"empty-cache\" is not in version 1 (\"vmmtrace 1\"); it came with \"vmmtrace 2\""},
+      {"vmmtrace 2\n1 allc package 1 2097152 0x1000 0x0 a VMM_OK 0\n", 0,
+       "line 2: unknown operation \"allc\" (alloc, free, begin, finish, abort, pause-discard, pause-backup, resume, "
+       "capture-begin, capture-end, release-pool, empty-cache, record-stream)"},
+      {"vmmtrace 2\n1 capture-begin - 0 0 0x0 0x0 - VMM_OK 0x7\n", 0, "line 2: pool \"0x7\" is not a decimal number below 2^64"},
       {"vmmtrace 1\n1 alloc package 1 2097152 0x1000 0x0 a%00b VMM_OK\n", 0,
        "line 2: tag \"a%00b\": %00 (a NUL byte) cannot be in a tag"},
       {"vmmtrace 1\n1 alloc package 1 2097152 0x1000 0x0 a  VMM_OK\n", 0,
@@ -650,10 +875,12 @@ static void env_errors(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(round_trip),     cmocka_unit_test(trace_on_and_off),  cmocka_unit_test(parser_accepts),
-      cmocka_unit_test(parser_rejects), cmocka_unit_test(format_round_trip), cmocka_unit_test(reader_reads_records),
-      cmocka_unit_test(reader_gzip),    cmocka_unit_test(reader_refuses),    cmocka_unit_test(reader_arguments),
-      cmocka_unit_test(env_errors),
+      cmocka_unit_test(round_trip),           cmocka_unit_test(trace_on_and_off),
+      cmocka_unit_test(whole_process_calls),  cmocka_unit_test(parser_accepts),
+      cmocka_unit_test(parser_rejects),       cmocka_unit_test(format_round_trip),
+      cmocka_unit_test(reader_reads_records), cmocka_unit_test(reader_reads_version_2),
+      cmocka_unit_test(reader_gzip),          cmocka_unit_test(reader_refuses),
+      cmocka_unit_test(reader_arguments),     cmocka_unit_test(env_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,15 +1,21 @@
 /* vmmarena operation trace: one line per operation (docs/trace.md).
  *
- *   vmmtrace 1                                  first line: format name and version
- *   <t_ns> <op> <kind> <requested> <rounded> <ptr> <stream> <tag> <result>
+ *   vmmtrace 2                                  first line: format name and version
+ *   <t_ns> <op> <kind> <requested> <rounded> <ptr> <stream> <tag> <result> <pool>
  *
  * t_ns: nanoseconds since the trace started; op: alloc | free | begin | finish | abort |
- * pause-discard | pause-backup | resume (pause and resume: rounded = bytes affected, tag = the tag);
- * kind: package | transient | - (scope ops, and a failed alloc or free that has no kind);
+ * pause-discard | pause-backup | resume (pause and resume: rounded = bytes affected, tag = the tag)
+ * | capture-begin | capture-end | release-pool | empty-cache (rounded = bytes released) |
+ * record-stream (ptr and stream);
+ * kind: package | transient | - (every op but alloc and free, and a failed alloc or free that
+ * has no kind);
  * requested and rounded: decimal bytes (0 for scope ops);
  * ptr and stream: 0x-prefixed hex; tag: the tag with '%', ' ', control bytes and bytes >= 0x7f
  * written as %XX (the tag "-" itself as %2D), or '-' for none; result: a status name (VMM_OK,
- * VMM_ERR_...).
+ * VMM_ERR_...); pool: decimal vmm_pool_id, the pool asked (alloc) or named (capture-begin,
+ * capture-end, release-pool), 0 (VMM_POOL_SHARED) for every other op.
+ * Version 1 (the header "vmmtrace 1") has the first nine fields only and the first eight ops;
+ * the reader reads both, the writer writes version 2.
  * Lines starting with '#' are comments. Every byte of a line is printable ASCII (0x20 to 0x7e)
  * and fields are separated by exactly one space. */
 #ifndef VMMARENA_TRACE_H
@@ -34,9 +40,17 @@ typedef enum vmm_trace_op {
   VMM_TRACE_ABORT,
   VMM_TRACE_PAUSE_DISCARD,
   VMM_TRACE_PAUSE_BACKUP,
-  VMM_TRACE_RESUME
+  VMM_TRACE_RESUME,
+  VMM_TRACE_CAPTURE_BEGIN, /* version 2 on: the calls of whole-process mode */
+  VMM_TRACE_CAPTURE_END,
+  VMM_TRACE_RELEASE_POOL,
+  VMM_TRACE_EMPTY_CACHE,
+  VMM_TRACE_RECORD_STREAM
 } vmm_trace_op;
-#define VMM_TRACE_OP_COUNT 8
+#define VMM_TRACE_OP_COUNT 13
+#define VMM_TRACE_V1_OP_COUNT 8 /* the ops a version 1 trace can hold: alloc to resume */
+
+#define VMM_TRACE_VERSION 2 /* the version the writer writes; the reader reads 1 and 2 */
 
 #define VMM_TRACE_TAG_MAX 256
 
@@ -48,6 +62,7 @@ typedef struct vmm_trace_record {
   uint64_t ptr, stream;
   char tag[VMM_TRACE_TAG_MAX];   /* decoded; "" for none */
   int result;                    /* vmm_status */
+  uint64_t pool;                 /* vmm_pool_id: alloc and the pool ops; 0 otherwise and in version 1 */
 } vmm_trace_record;
 
 typedef struct vmm_trace_writer vmm_trace_writer;
@@ -58,18 +73,25 @@ VMM_API vmm_trace_writer *vmm_trace_open(const char *path);
 VMM_API void vmm_trace_write(vmm_trace_writer *w, const vmm_trace_record *rec);
 VMM_API void vmm_trace_close(vmm_trace_writer *w);
 
-/* Formats one record as a line (with '\n'); returns its length, or the length needed if
- * cap is too small (like snprintf). */
+/* Formats one record as a line of the current version (with '\n'); returns its length, or
+ * the length needed if cap is too small (like snprintf). */
 VMM_API size_t vmm_trace_format(const vmm_trace_record *rec, char *buf, size_t cap);
-/* Parses one line of exactly len bytes, without or with its line end ("\n" or "\r\n").
- * Returns 1 for a record (filled into *rec), 0 for the header "vmmtrace 1", a comment (a
- * line that begins with '#') or an empty line, and -1 for a malformed line: a byte outside
- * printable ASCII (0x20 to 0x7e), fields not separated by exactly one space, a header other
- * than "vmmtrace 1", a field count other than 9, or a field that does not read (docs/trace.md
- * lists each). On -1, *why (if why is non-NULL) is one line of printable ASCII saying what is
- * wrong, quoting the field ("unknown operation \"allc\" (alloc, free, ...)"); it lives in a
- * buffer of the calling thread, valid until that thread's next call. *rec is written only for
- * a record or a malformed record line. */
+/* Parses one line of a version `version` trace (1 or 2), of exactly len bytes, without or
+ * with its line end ("\n" or "\r\n"). Returns 1 for a record (filled into *rec; pool 0 in
+ * version 1), 0 for a header ("vmmtrace 1" or "vmmtrace 2", whatever `version` is), a comment
+ * (a line that begins with '#') or an empty line, and -1 for a malformed line: a byte outside
+ * printable ASCII (0x20 to 0x7e), fields not separated by exactly one space, another header,
+ * a field count other than the version's (9 in version 1, 10 in version 2), an op the version
+ * does not have, a field that does not read, a kind or a pool on an op that takes none
+ * (docs/trace.md lists each), or a version other than 1 or 2. On -1, *why (if why is
+ * non-NULL) is one line of printable ASCII saying what is wrong, quoting the field ("unknown
+ * operation \"allc\" (alloc, free, ...)"); it lives in a buffer of the calling thread, valid
+ * until that thread's next call. *rec is written only for a record or a malformed record
+ * line. */
+VMM_API int vmm_trace_parse_line_version(const char *line, size_t len, int version, vmm_trace_record *rec,
+                                         const char **why);
+/* vmm_trace_parse_line_version of the current version (VMM_TRACE_VERSION): the lines that
+ * vmm_trace_format writes. */
 VMM_API int vmm_trace_parse_line(const char *line, size_t len, vmm_trace_record *rec, const char **why);
 
 /* ---- Reading a trace file ------------------------------------------------------------ */
@@ -78,9 +100,9 @@ typedef struct vmm_trace_reader vmm_trace_reader;
 
 /* Reads the whole trace file at path into memory and checks it: a file that begins with the
  * gzip magic bytes (1f 8b) is decompressed first, by running `gzip -dc` (found on PATH);
- * the first line must be exactly "vmmtrace 1"; every later line must be a record, a comment
- * or empty by vmm_trace_parse_line (a second header is refused); the last line may lack its
- * '\n'.
+ * the first line must be exactly "vmmtrace 1" or "vmmtrace 2"; every later line must be a
+ * record of that version, a comment or empty by vmm_trace_parse_line_version (a second header
+ * is refused); the last line may lack its '\n'.
  *
  * Returns VMM_OK and *out, a reader that hands the records out in order
  * (vmm_trace_reader_next; free it with vmm_trace_reader_close). Otherwise *out is NULL and
@@ -92,7 +114,8 @@ typedef struct vmm_trace_reader vmm_trace_reader;
  * outside printable ASCII written \xNN, '\' and '"' escaped; "vmm_trace_reader_open" instead
  * for a NULL argument) and, for a bad line, its number and what is wrong:
  *   default.trace.gz: line 12: unknown operation "allc" (alloc, free, begin, finish, abort,
- *   pause-discard, pause-backup, resume)
+ *   pause-discard, pause-backup, resume, capture-begin, capture-end, release-pool, empty-cache,
+ *   record-stream)
  * The first problem is reported; nothing is printed. The file is not changed; the calling
  * process's file descriptors, signal dispositions and environment are left as they were (gzip
  * runs as a child process, waited for before the call returns). */

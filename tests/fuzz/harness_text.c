@@ -191,7 +191,7 @@ void fuzz_config_run(const uint8_t *data, size_t size) {
 static void same_record(const vmm_trace_record *a, const vmm_trace_record *b, const char *line) {
   if (a->t_ns != b->t_ns || a->op != b->op || a->kind != b->kind || a->requested != b->requested ||
       a->rounded != b->rounded || a->ptr != b->ptr || a->stream != b->stream || a->result != b->result ||
-      strcmp(a->tag, b->tag))
+      a->pool != b->pool || strcmp(a->tag, b->tag))
     broken("trace record changed in a format/parse round trip; line: %s", line);
 }
 
@@ -217,12 +217,17 @@ static uint64_t take_u64(const uint8_t **p, size_t *n) {
 }
 
 void fuzz_trace_line_run(const uint8_t *data, size_t size) {
-  vmm_trace_record rec;
-  const char *why = NULL;
-  int rc = vmm_trace_parse_line((const char *)data, size, &rec, &why);
-  if (rc < -1 || rc > 1) broken("vmm_trace_parse_line returned %d", rc);
-  if (rc == -1 && (!why || !why[0])) broken("a malformed line without a reason");
-  if (rc == 1) round_trip(&rec);
+  /* The bytes as a line of either version; a record of either is written back as version 2. */
+  for (int version = 1; version <= VMM_TRACE_VERSION; version++) {
+    vmm_trace_record rec;
+    const char *why = NULL;
+    int rc = vmm_trace_parse_line_version((const char *)data, size, version, &rec, &why);
+    if (rc < -1 || rc > 1) broken("vmm_trace_parse_line_version(%d) returned %d", version, rc);
+    if (rc == -1 && (!why || !why[0])) broken("a malformed line without a reason");
+    if (rc == 1 && version == 1 && (rec.pool != 0 || rec.op >= VMM_TRACE_V1_OP_COUNT))
+      broken("a version 1 line read as a version 2 op or with a pool");
+    if (rc == 1) round_trip(&rec);
+  }
 
   /* A record from the bytes: valid fields, any tag bytes but NUL, at most 255 of them. */
   if (size < 4) return;
@@ -232,14 +237,17 @@ void fuzz_trace_line_run(const uint8_t *data, size_t size) {
   memset(&built, 0, sizeof built);
   uint8_t sel = *p++;
   n--;
-  built.op = (vmm_trace_op)(sel % 5);
-  built.kind = built.op <= VMM_TRACE_FREE ? (sel >> 3) & 1 : -1; /* scope ops have no kind */
+  built.op = (vmm_trace_op)(sel % VMM_TRACE_OP_COUNT);
+  built.kind = built.op <= VMM_TRACE_FREE ? (sel >> 4) & 1 : -1; /* only alloc and free have a kind */
   built.result = (sel >> 5) % VMM_STATUS_COUNT;
   built.t_ns = take_u64(&p, &n);
   built.requested = take_u64(&p, &n);
   built.rounded = take_u64(&p, &n);
   built.ptr = take_u64(&p, &n);
   built.stream = take_u64(&p, &n);
+  int pooled = built.op == VMM_TRACE_ALLOC || built.op == VMM_TRACE_CAPTURE_BEGIN ||
+                built.op == VMM_TRACE_CAPTURE_END || built.op == VMM_TRACE_RELEASE_POOL;
+  if (pooled) built.pool = take_u64(&p, &n); /* the other ops take none */
   size_t t = 0;
   while (n && t < VMM_TRACE_TAG_MAX - 1 && *p) built.tag[t++] = (char)*p++, n--;
   built.tag[t] = '\0';

@@ -163,8 +163,8 @@ def check_opcodes(test, data):
 # ---- Small traces -----------------------------------------------------------------------------
 
 
-def trace_text(*records):
-    return "vmmtrace 1\n" + "".join(r + "\n" for r in records)
+def trace_text(*records, version=1):
+    return f"vmmtrace {version}\n" + "".join(r + "\n" for r in records)
 
 
 @unittest.skipIf(NO_LIBRARY, NO_LIBRARY)
@@ -175,10 +175,10 @@ class Converting(unittest.TestCase):
     def tearDown(self):
         self.dir.cleanup()
 
-    def convert(self, *records, retention=True, gz=False):
+    def convert(self, *records, retention=True, gz=False, version=1):
         path = os.path.join(self.dir.name, "t.trace" + (".gz" if gz else ""))
         with (gzip.open if gz else open)(path, "wt") as f:
-            f.write(trace_text(*records))
+            f.write(trace_text(*records, version=version))
         snap, conv = _memviz.convert(path, retention=retention)
         check_structure(self, snap)
         check_replay(self, snap)
@@ -317,6 +317,35 @@ class Converting(unittest.TestCase):
                 _memviz.convert(path)
             self.assertEqual(str(cm.exception), path + message)
 
+    def test_whole_process_calls_make_no_entry(self):
+        snap, conv = self.convert(
+            "1 alloc package 2097152 2097152 0x7f0000800000 0x0 - VMM_OK 0",
+            "2 capture-begin - 0 0 0x0 0x0 - VMM_OK 3",
+            "3 alloc transient 4194304 4194304 0x7f0000000000 0x5001 - VMM_OK 3",
+            "4 record-stream - 0 0 0x7f0000000000 0x5002 - VMM_OK 0",
+            "5 capture-end - 0 0 0x0 0x0 - VMM_OK 3",
+            "6 capture-end - 0 0 0x0 0x0 - VMM_ERR_INVALID_ARGUMENT 3",
+            "7 free transient 0 4194304 0x7f0000000000 0x5001 - VMM_OK 0",
+            "8 release-pool - 0 0 0x0 0x0 - VMM_OK 3",
+            "9 empty-cache - 0 4194304 0x0 0x0 - VMM_OK 0",
+            version=2)
+        self.assertEqual([a for a, _, _ in self.actions(snap)],
+                         ["segment_alloc", "alloc", "segment_alloc", "alloc", "free_requested", "free_completed",
+                          "segment_free"])
+        self.assertEqual((conv.counts["process_calls"], conv.counts["skipped_failures"]), (5, 1))
+        (seg,) = snap["segments"]
+        self.assertEqual(seg["address"], 0x7F0000800000)
+
+    def test_a_version_1_line_in_a_version_2_trace(self):
+        path = os.path.join(self.dir.name, "mixed.trace")
+        with open(path, "w") as f:
+            f.write(trace_text("1 alloc package 1 2097152 0x1000 0x0 - VMM_OK", version=2))
+        with self.assertRaises(_memviz.TraceError) as cm:
+            _memviz.convert(path)
+        self.assertEqual(str(cm.exception), path + ": line 2: 9 fields, expected 10 (time, operation, kind, requested, "
+                         'rounded, pointer, stream, tag, result, pool): a version 2 trace ("vmmtrace 2") ends every '
+                         "line with a pool")
+
     def test_tags_are_decoded_bytes(self):
         snap, conv = self.convert("1 alloc package 2097152 2097152 0x7f0000000000 0x0 %1B%5B2J%FF VMM_OK",
                                   "2 pause-discard - 0 4194304 0x0 0x0 %1B%5B2J%FF VMM_OK")
@@ -358,6 +387,12 @@ class RecordedTraces(unittest.TestCase):
             with self.subTest(trace=os.path.basename(trace)):
                 _, counts, _ = self.run_memviz(trace)
                 self.assertGreater(counts["alloc"], 0)
+
+    def test_a_whole_process_trace(self):
+        """tests/data/process.trace: version 2, recorded by a caching arena on the fake driver."""
+        _, counts, out = self.run_memviz(os.path.join(ROOT, "tests", "data", "process.trace"))
+        self.assertEqual(counts["alloc"], 31)
+        self.assertIn("; 17 whole-process calls (captures, graph pools, empty-cache, record-stream)", out)
 
     def test_usage_errors(self):
         r = subprocess.run([sys.executable, "-m", "vmmarena", "memviz", "/nonexistent.trace", "-o", "/tmp/x.pickle"],

@@ -16,23 +16,26 @@ import tempfile
 import unittest
 
 REPLAY = os.environ.get("VMMARENA_REPLAY")
-OPS = ("alloc", "free", "begin", "finish", "abort", "pause-discard", "pause-backup", "resume")
+OPS = ("alloc", "free", "begin", "finish", "abort", "pause-discard", "pause-backup", "resume",
+       "capture-begin", "capture-end", "release-pool", "empty-cache", "record-stream")
 PREFIX = {"replay": b"vmmarena-replay: ", "memviz": b"vmmarena memviz: "}
 
 # The example of docs/trace.md: a scope with a pool hit, a refused request, a bad free.
-GOOD = b"""vmmtrace 1
-8973 alloc package 6291457 8388608 0x7f0fff800000 0x0 weights VMM_OK
-23014 begin - 0 0 0x0 0x0 - VMM_OK
-25007 alloc transient 4194304 4194304 0x7f0fff400000 0x5001 prefill%20100%25 VMM_OK
-27301 free transient 0 4194304 0x7f0fff400000 0x5001 prefill%20100%25 VMM_OK
-28473 alloc transient 3145733 4194304 0x7f0fff400000 0x5001 prefill%20100%25 VMM_OK
-43255 alloc transient 104857600 104857600 0x0 0x5001 d%C3%A9codage VMM_ERR_OUT_OF_MEMORY
-46800 free - 0 0 0x7f0fff401000 0x5001 - VMM_ERR_UNKNOWN_POINTER
-47461 free transient 0 4194304 0x7f0fff400000 0x5001 prefill%20100%25 VMM_OK
-54121 finish - 0 0 0x0 0x0 - VMM_OK
-57025 free package 0 8388608 0x7f0fff800000 0x0 weights VMM_OK
+GOOD = b"""vmmtrace 2
+8973 alloc package 6291457 8388608 0x7f0fff800000 0x0 weights VMM_OK 0
+23014 begin - 0 0 0x0 0x0 - VMM_OK 0
+25007 alloc transient 4194304 4194304 0x7f0fff400000 0x5001 prefill%20100%25 VMM_OK 0
+27301 free transient 0 4194304 0x7f0fff400000 0x5001 prefill%20100%25 VMM_OK 0
+28473 alloc transient 3145733 4194304 0x7f0fff400000 0x5001 prefill%20100%25 VMM_OK 0
+43255 alloc transient 104857600 104857600 0x0 0x5001 d%C3%A9codage VMM_ERR_OUT_OF_MEMORY 0
+46800 free - 0 0 0x7f0fff401000 0x5001 - VMM_ERR_UNKNOWN_POINTER 0
+47461 free transient 0 4194304 0x7f0fff400000 0x5001 prefill%20100%25 VMM_OK 0
+54121 finish - 0 0 0x0 0x0 - VMM_OK 0
+57025 free package 0 8388608 0x7f0fff800000 0x0 weights VMM_OK 0
 """
 LINES = GOOD.splitlines(keepends=True)
+# The same trace in version 1 (nine fields, no pool), which both tools still read.
+GOOD_V1 = b"vmmtrace 1\n" + b"".join(line[: line.rindex(b" ")] + b"\n" for line in LINES[1:])
 
 
 def gz(data):
@@ -55,29 +58,43 @@ DIRECTORY = object()  # content: make a directory of that name
 # (what, file name, content or None for no file, the message after "FILE NAME: ")
 CASES = [
     ("no header", "noheader.trace", b"".join(LINES[1:]),
-     'line 1: expected the header "vmmtrace 1", found "8973 alloc package 6291457 8388608 0x7f0..."'),
-    ("an empty file", "empty.trace", b"", 'empty file (a trace begins with the line "vmmtrace 1")'),
-    ("%00 in a tag", "nul.trace", with_line(2, b"8973 alloc package 6291457 8388608 0x7f0fff800000 0x0 w%00 VMM_OK"),
+     'line 1: expected the header "vmmtrace 2" (or "vmmtrace 1"), found "8973 alloc package 6291457 8388608 0x7f0..."'),
+    ("an empty file", "empty.trace", b"", 'empty file (a trace begins with the line "vmmtrace 2")'),
+    ("%00 in a tag", "nul.trace", with_line(2, b"8973 alloc package 6291457 8388608 0x7f0fff800000 0x0 w%00 VMM_OK 0"),
      'line 2: tag "w%00": %00 (a NUL byte) cannot be in a tag'),
-    ("double spaces", "spaces.trace", with_line(3, b"23014 begin -  0 0 0x0 0x0 - VMM_OK"),
+    ("double spaces", "spaces.trace", with_line(3, b"23014 begin -  0 0 0x0 0x0 - VMM_OK 0"),
      "line 3: two spaces at column 14 (fields are separated by one space)"),
     ("a binary file", "binary.trace", b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)),
      "line 1: byte \\x7f at column 1 is not printable ASCII"),
     ("a truncated gzip", "cut.trace.gz", gz(GOOD)[: len(gz(GOOD)) // 2], "truncated gzip data"),
     ("only the gzip magic", "magic.trace.gz", b"\x1f\x8b", "truncated gzip data"),
     ("a corrupt gzip", "bad.trace.gz", corrupt(gz(GOOD)), "corrupt gzip data"),
-    ("an unknown operation", "op.trace", with_line(3, b"23014 allc - 0 0 0x0 0x0 - VMM_OK"),
+    ("an unknown operation", "op.trace", with_line(3, b"23014 allc - 0 0 0x0 0x0 - VMM_OK 0"),
      f'line 3: unknown operation "allc" {ALL_OPS}'),
     ("a bad line inside gzip", "op.trace.gz", gz(with_line(11, b"57025 free")),
-     "line 11: 2 fields, expected 9 (time, operation, kind, requested, rounded, pointer, stream, tag, result)"),
-    ("terminal escapes in a tag", "escape.trace", with_line(2, b"1 alloc package 1 2097152 0x1000 0x0 \x1b[2J\x1b[31m VMM_OK"),
+     "line 11: 2 fields, expected 10 (time, operation, kind, requested, rounded, pointer, stream, tag, result, pool)"),
+    ("terminal escapes in a tag", "escape.trace",
+     with_line(2, b"1 alloc package 1 2097152 0x1000 0x0 \x1b[2J\x1b[31m VMM_OK 0"),
      "line 2: byte \\x1b at column 38 is not printable ASCII"),
-    ("UTF-8 in a tag", "utf8.trace", with_line(2, "1 alloc package 1 2097152 0x1000 0x0 décodage VMM_OK".encode()),
+    ("UTF-8 in a tag", "utf8.trace", with_line(2, "1 alloc package 1 2097152 0x1000 0x0 décodage VMM_OK 0".encode()),
      "line 2: byte \\xc3 at column 39 is not printable ASCII"),
-    ("a second header", "twice.trace", GOOD + GOOD, 'line 12: a second header ("vmmtrace 1" is the first line only)'),
-    ("another version", "v2.trace", b"vmmtrace 2\n" + b"".join(LINES[1:]),
-     'line 1: unsupported header "vmmtrace 2" (this reader reads "vmmtrace 1")'),
-    ("an unknown result", "result.trace", with_line(3, b"23014 begin - 0 0 0x0 0x0 - VMM_FINE"),
+    ("a second header", "twice.trace", GOOD + GOOD, 'line 12: a second header ("vmmtrace 2" is the first line only)'),
+    ("another version", "v3.trace", b"vmmtrace 3\n" + b"".join(LINES[1:]),
+     'line 1: unsupported header "vmmtrace 3" (this reader reads "vmmtrace 1" and "vmmtrace 2")'),
+    ("version 2 lines under a version 1 header", "v1-header.trace", b"vmmtrace 1\n" + b"".join(LINES[1:]),
+     "line 2: 10 fields, expected 9 (time, operation, kind, requested, rounded, pointer, stream, tag, result): "
+     'a version 1 trace ("vmmtrace 1") has no pool field'),
+    ("version 1 lines under a version 2 header", "v2-header.trace", b"vmmtrace 2\n" + b"".join(GOOD_V1.splitlines(True)[1:]),
+     "line 2: 9 fields, expected 10 (time, operation, kind, requested, rounded, pointer, stream, tag, result, pool): "
+     'a version 2 trace ("vmmtrace 2") ends every line with a pool'),
+    ("a version 2 operation in version 1", "v1-op.trace", GOOD_V1 + b"60000 empty-cache - 0 0 0x0 0x0 - VMM_OK\n",
+     'line 12: operation "empty-cache" is not in version 1 ("vmmtrace 1"); it came with "vmmtrace 2"'),
+    ("a pool that is not decimal", "pool.trace", with_line(3, b"23014 capture-begin - 0 0 0x0 0x0 - VMM_OK 0x3"),
+     'line 3: pool "0x3" is not a decimal number below 2^64'),
+    ("a pool on an operation that takes none", "free-pool.trace",
+     with_line(11, b"57025 free package 0 8388608 0x7f0fff800000 0x0 weights VMM_OK 3"),
+     'line 11: free takes no pool (0), found "3"'),
+    ("an unknown result", "result.trace", with_line(3, b"23014 begin - 0 0 0x0 0x0 - VMM_FINE 0"),
      'line 3: unknown result "VMM_FINE" (a status name: VMM_OK, VMM_ERR_...)'),
     ("no such file", "missing.trace", None, "cannot open: No such file or directory"),
     ("a directory", "adir.trace", DIRECTORY, "cannot read the file: Is a directory"),
@@ -128,7 +145,7 @@ class HostileTraces(unittest.TestCase):
                 got = self.assert_refused_alike(name, content)
                 self.assertEqual(got, f"{name}: {want}")
 
-    def test_the_unknown_operation_message_lists_all_eight(self):
+    def test_the_unknown_operation_message_lists_all_thirteen(self):
         (case,) = [c for c in CASES if c[0] == "an unknown operation"]
         got = self.assert_refused_alike(case[1], case[2])
         listed = got[got.rindex("(") + 1 : -1].split(", ")
@@ -143,11 +160,12 @@ class HostileTraces(unittest.TestCase):
     def test_a_file_name_is_escaped(self):
         name = b"we\x1bird \\name\".trace"
         got = self.assert_refused_alike(os.fsdecode(name), b"")
-        self.assertEqual(got, 'we\\x1bird \\\\name\\".trace: empty file (a trace begins with the line "vmmtrace 1")')
+        self.assertEqual(got, 'we\\x1bird \\\\name\\".trace: empty file (a trace begins with the line "vmmtrace 2")')
 
     def test_a_good_trace_is_read_by_both(self):
         for name, content in (("good.trace", GOOD), ("good.trace.gz", gz(GOOD)),
-                              ("crlf.trace", GOOD.replace(b"\n", b"\r\n")), ("no-final-newline.trace", GOOD[:-1])):
+                              ("crlf.trace", GOOD.replace(b"\n", b"\r\n")), ("no-final-newline.trace", GOOD[:-1]),
+                              ("version-1.trace", GOOD_V1), ("version-1.trace.gz", gz(GOOD_V1))):
             with self.subTest(name):
                 self.write(name, content)
                 runs = self.run_both(name)

@@ -57,6 +57,8 @@ def _memviz_command(args):
         f"{len(snapshot['segments'])} segments at the end ({live} allocated); "
         f"{c['pool_hits']} pool hits, {c['ooms']} out-of-memory, {c['skipped_failures']} other failures skipped, "
         f"{c['frees_before_trace']} frees of allocations made before the trace"
+        + (f"; {c['process_calls']} whole-process calls (captures, graph pools, empty-cache, record-stream)"
+           if c["process_calls"] else "")
     )
     return 0
 

@@ -275,11 +275,12 @@ def set_kind(kind):
 
 class TraceRecord(ctypes.Structure):
     """vmm_trace_record (include/vmmarena/trace.h): op is a vmm_trace_op, kind a vmm_kind or
-    -1, tag the decoded tag bytes, result a vmm_status."""
+    -1, tag the decoded tag bytes, result a vmm_status, pool a vmm_pool_id (0 in version 1)."""
 
     _fields_ = [("t_ns", ctypes.c_uint64), ("op", ctypes.c_int), ("kind", ctypes.c_int),
                 ("requested", ctypes.c_uint64), ("rounded", ctypes.c_uint64), ("ptr", ctypes.c_uint64),
-                ("stream", ctypes.c_uint64), ("tag", ctypes.c_char * 256), ("result", ctypes.c_int)]
+                ("stream", ctypes.c_uint64), ("tag", ctypes.c_char * 256), ("result", ctypes.c_int),
+                ("pool", ctypes.c_uint64)]
 
 
 class TraceFileError(VmmarenaError, ValueError):

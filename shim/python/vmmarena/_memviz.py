@@ -16,7 +16,8 @@ from . import _lib
 PICKLE_PROTOCOL = 4
 
 # vmm_trace_op and vmm_kind, in enum order (include/vmmarena/trace.h, include/vmmarena.h).
-OPS = ("alloc", "free", "begin", "finish", "abort", "pause-discard", "pause-backup", "resume")
+OPS = ("alloc", "free", "begin", "finish", "abort", "pause-discard", "pause-backup", "resume",
+       "capture-begin", "capture-end", "release-pool", "empty-cache", "record-stream")
 KINDS = ("package", "transient")
 NO_TAG = "(no tag)"
 
@@ -41,6 +42,7 @@ def _record(r, status_names):
         "stream": r.stream,
         "tag": r.tag.decode("utf-8", errors="replace"),
         "result": status_names[r.result],
+        "pool": r.pool,
     }
 
 
@@ -82,7 +84,7 @@ class Converter:
         self.paused = {}  # addr -> _Mapping whose memory a pause took
         self.scope = False
         self.counts = {"records": 0, "skipped_failures": 0, "ooms": 0, "frees_before_trace": 0,
-                       "pool_hits": 0, "pooled_dropped": 0, "paused": 0, "resumed": 0}
+                       "pool_hits": 0, "pooled_dropped": 0, "paused": 0, "resumed": 0, "process_calls": 0}
         self.warnings = []
 
     # -- helpers
@@ -226,6 +228,20 @@ class Converter:
             self._entry("alloc", m.addr, m.requested, m.stream, m.frames, r["t_ns"])
         self.counts["resumed"] += len(back)
         self._check_bytes(line, r, "resume", back)
+
+    # The calls of whole-process mode (trace version 2) change no allocation: they are counted
+    # and make no entry. Graph pools have no equivalent here (segment_pool_id stays (0, 0)), nor
+    # has record-stream. The cache of whole-process mode is not modelled (a free outside a scope
+    # frees its segment at once), so empty-cache has nothing to drop: the only pooled segments
+    # are a scope's, which empty-cache keeps, as the arena does.
+    def _process_call(self, line, r):
+        self.counts["process_calls"] += 1
+
+    _capture_begin = _process_call
+    _capture_end = _process_call
+    _release_pool = _process_call
+    _empty_cache = _process_call
+    _record_stream = _process_call
 
     def _check_bytes(self, line, r, what, mappings):
         total = sum(m.size for m in mappings)
