@@ -26,6 +26,7 @@ static vmm_status alloc_slot(vmm_arena *a, const vmm_request *req, CUdeviceptr *
   if (st != NOTHING) return st;
   vmm_request page = *req;
   page.bytes = page.rounded = a->granularity;
+  page.exact = true;
   vmm_mapping *m;
   if ((st = vmm_alloc_mapping(a, &page, &m)) != VMM_OK) return st;
   if ((st = vmm_pages_carve(a, m, &k)) != VMM_OK) {

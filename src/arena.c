@@ -25,7 +25,9 @@ static bool assembling(const vmm_arena *a, const vmm_request *req) {
 }
 
 /* The largest extent the reuse policy hands to a request of `rounded` bytes. */
-static size_t reuse_limit(const vmm_arena *a, size_t rounded) {
+static size_t reuse_limit(const vmm_arena *a, const vmm_request *req) {
+  size_t rounded = req->rounded;
+  if (req->exact) return rounded;
   if (a->cfg.reuse == VMM_REUSE_BEST_FIT) return SIZE_MAX;
   if (a->cfg.reuse != VMM_REUSE_BOUNDED) return rounded;
   double bound = (double)rounded * a->cfg.reuse_bound;
@@ -51,7 +53,7 @@ static vmm_mapping *take_pooled(vmm_arena *a, const vmm_request *req, size_t mos
 
 static vmm_status from_pool(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
   if (!pooling(a, req)) return NOTHING;
-  *out = take_pooled(a, req, reuse_limit(a, req->rounded));
+  *out = take_pooled(a, req, reuse_limit(a, req));
   if (*out) a->pool_hits++;
   else a->pool_misses++;
   return *out ? VMM_OK : NOTHING;
@@ -91,14 +93,14 @@ static vmm_status from_new_memory(vmm_arena *a, const vmm_request *req, vmm_mapp
 }
 
 static vmm_status from_any_pooled(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
-  if (!pooling(a, req)) return NOTHING;
+  if (!pooling(a, req) || req->exact) return NOTHING;
   *out = take_pooled(a, req, SIZE_MAX);
   if (*out) a->pool_fallbacks++;
   return *out ? VMM_OK : NOTHING;
 }
 
 static vmm_status from_idle_padded(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
-  if (!pooling(a, req)) return NOTHING;
+  if (!pooling(a, req) || req->exact) return NOTHING;
   vmm_status st = vmm_assemble(a, req, VMM_ASSEMBLE_PADDED, NULL, out);
   return st == VMM_ERR_OUT_OF_MEMORY ? NOTHING : st;
 }

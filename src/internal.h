@@ -710,6 +710,7 @@ typedef struct vmm_request { /* a request for memory: what vmm_arena_alloc_in wa
   CUstream stream;
   uint32_t tag;
   vmm_pool_id pool;
+  bool exact; /* a page's mapping: exactly `rounded` bytes (its slots are found by granule) */
 } vmm_request;
 
 typedef enum vmm_assembly_mode {

@@ -221,6 +221,38 @@ static void prefix_hit_in_place_and_merged_back(void **state) {
   tu_destroy(a);
 }
 
+/* A page is exactly one granule (its slots are found by rounding down to it): a larger pooled
+ * mapping never becomes one, whatever the reuse policy allows whole mappings, nor after a
+ * refusal, where the cache is released and a granule created instead. */
+static void a_page_is_one_granule_whatever_the_reuse(void **state) {
+  (void)state;
+  fake_driver_reset(NULL);
+  vmm_config c = tu_config();
+  c.caching = 1;
+  c.reuse = VMM_REUSE_BOUNDED;
+  c.reuse_bound = 2.0;
+  c.handle_bound_bytes = 64 * MiB; /* big is one handle: no prefix hit */
+  vmm_arena *a = tu_arena(NULL, &c);
+  void *big = alloc_in(a, 4 * MiB, T, S1, 0);
+  tu_free(a, big, S1);
+  void *s1 = alloc_in(a, MiB, T, S1, 0), *s2 = alloc_in(a, MiB, T, S1, 0); /* two slots of a new page */
+  assert_int_equal(snap(a).kind[T].pooled_bytes, 4 * MiB);
+  assert_int_equal(usage(a).pages, 1);
+  tu_free(a, s2, S1);
+  tu_free(a, s1, S1);
+  assert_int_equal(vmm_arena_check(a, NULL, 0), VMM_OK);
+  tu_destroy(a);
+  a = process_arena_bound(4 * MiB, VMM_RETAIN_AUTO, 64 * MiB); /* the limit: after a refusal, no pooled fallback */
+  big = alloc_in(a, 4 * MiB, T, S1, 0);
+  tu_free(a, big, S1);
+  s1 = alloc_in(a, MiB, T, S1, 0);
+  assert_int_equal(usage(a).reserved_bytes, 2 * MiB); /* the cache went back, a granule came */
+  assert_int_equal(usage(a).cache_releases, 1);
+  tu_free(a, s1, S1);
+  assert_int_equal(vmm_arena_check(a, NULL, 0), VMM_OK);
+  tu_destroy(a);
+}
+
 /* A miss is assembled from pooled mappings whose work is not yet known complete (the device
  * is behind): their handles are mapped into the new range at once, and their old ranges stay
  * mapped, retiring: kept to serve again (below), unmapped by empty_cache. No new memory, no
@@ -954,6 +986,7 @@ int main(void) {
       cmocka_unit_test(small_requests_share_a_page),
       cmocka_unit_test(pages_are_kept_apart),
       cmocka_unit_test(bad_frees_of_slots),
+      cmocka_unit_test(a_page_is_one_granule_whatever_the_reuse),
       cmocka_unit_test(exact_hit_outside_a_scope),
       cmocka_unit_test(cross_stream_hit_waits_on_an_event),
       cmocka_unit_test(prefix_hit_in_place_and_merged_back),
