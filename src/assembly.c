@@ -208,14 +208,15 @@ static vmm_status create_handles(vmm_arena *a, const vmm_request *req, vmm_handl
   return VMM_OK;
 }
 
-/* Unmaps the mappings taken apart, after waiting for their freeing streams (in whole-process
- * mode they are known complete already: no wait); those taken early stay mapped. */
 static bool all_taken(const vmm_mapping *m) {
   for (uint32_t i = 0; i < m->handle_count; i++)
     if (!m->handles[i]->taken) return false;
   return true;
 }
 
+/* Unmaps the mappings taken apart, after waiting for their freeing streams (in whole-process
+ * mode they are known complete already: no wait); those taken early, and in whole-process mode
+ * a shared one taken whole, stay mapped: their ranges retire. */
 static vmm_status unmap_apart(vmm_arena *a, plan *p) {
   CUstream waited[8];
   size_t n_waited = 0, n_early = 0;

@@ -1,10 +1,13 @@
-/* Retiring ranges: the old range of a pooled mapping whose handles an assembly mapped into a
- * new range before the work of its free was known complete (whole-process mode). The handles
- * serve the new range at once, ordered after that work on the device; the old range stays
- * mapped, used by nothing new, until that work completes, and is then unmapped and freed. So a
- * request never waits on the host for cached memory, and never creates memory it could reuse.
- * The old range of a graph's pooled mapping retires only once the pool is released: the
- * graph's replays still use that address. */
+/* Retired ranges (whole-process mode): the old range of a pooled mapping whose handles an
+ * assembly mapped into a new range, taken early (before the work of its free was known
+ * complete: the handles serve the new range at once, ordered after that work on the device) or
+ * whole. The old range stays mapped, used by nothing new. A shared one keeps its handle list
+ * and serves a request of its size again, as it is mapped, once those handles are free again
+ * (GMLake's stitched blocks); up to 256 are kept, and beyond them, or without a list, a range is
+ * unmapped once its work completes. So a request never waits on the host for cached memory,
+ * never creates memory it could reuse, and a cycle of sizes is stitched once. The old range of a
+ * graph's pooled mapping retires only once the pool is released: the graph's replays still use
+ * that address. */
 #include <stdlib.h>
 #include <string.h>
 
