@@ -63,6 +63,15 @@ static char *read_file(const char *path, size_t *len) {
   return buf;
 }
 
+/* A trace file as one string: its last '\n' becomes the terminator. */
+static char *read_text(const char *path) {
+  size_t len;
+  char *text = read_file(path, &len);
+  assert_true(len > 0 && text[len - 1] == '\n');
+  text[len - 1] = '\0';
+  return text;
+}
+
 /* ---- What the test did, to compare the trace with ----------------------------------------- */
 
 typedef struct expected {
@@ -227,9 +236,7 @@ static void round_trip(void **state) {
   assert_trace_matches(path, &l, elapsed);
 
   /* The writer escaped what needed it: spaces, '%', control and non-ASCII bytes, the "-" tag. */
-  size_t len;
-  char *text = read_file(path, &len);
-  text[len - 1] = '\0';
+  char *text = read_text(path);
   assert_non_null(strstr(text, " weights%20and%20biases "));
   assert_non_null(strstr(text, " 100%25%20done "));
   assert_non_null(strstr(text, " na%C3%AFve%20%E2%82%AC%F0%9F%98%80 "));
@@ -348,9 +355,7 @@ static void whole_process_calls(void **state) {
   tu_destroy(a);
   assert_trace_matches(path, &l, now_ns() - t0);
 
-  size_t len;
-  char *text = read_file(path, &len);
-  text[len - 1] = '\0';
+  char *text = read_text(path);
   assert_non_null(strstr(text, " capture-begin - 0 0 0x0 0x0 - VMM_OK 7\n"));
   assert_non_null(strstr(text, " release-pool - 0 0 0x0 0x0 - VMM_OK 7\n"));
   assert_non_null(strstr(text, " empty-cache - 0 10485760 0x0 0x0 - VMM_OK 0\n"));
