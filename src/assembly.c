@@ -254,27 +254,20 @@ static vmm_status unmap_apart(vmm_arena *a, plan *p) {
 static void retire_early(vmm_arena *a, vmm_mapping *m) {
   uint32_t taken = 0;
   while (taken < m->handle_count && m->handles[taken]->taken) taken++;
+  vmm_kind kind = m->kind;
+  /* a shared range keeps the list of the handles it maps; a graph's, or none for the host, only retires */
+  vmm_handle **list = m->pool == VMM_POOL_SHARED ? malloc(taken * sizeof *list) : NULL;
+  if (list) memcpy(list, m->handles, taken * sizeof *list);
   vmm_retiring_range range;
   if (taken < m->handle_count) {
-    bool shared = m->pool == VMM_POOL_SHARED;
-    vmm_handle **part = shared ? malloc(taken * sizeof *part) : NULL; /* none: it only retires */
-    vmm_kind kind = m->kind;
-    if (part) memcpy(part, m->handles, taken * sizeof *part);
     vmm_mapping_split_off(a, m, taken, &range);
-    range.handles = part, range.handle_count = part ? taken : 0, range.kind = kind;
     m->chosen = m->early = false;
     (void)vmm_pool_push(&a->store.pool, m); /* a spare bucket was reserved */
-  } else {
-    bool whole_shared = m->pool == VMM_POOL_SHARED && all_taken(m); /* a graph's range only retires */
-    vmm_handle **whole = whole_shared ? malloc(m->handle_count * sizeof *whole) : NULL; /* none: it only retires */
-    uint32_t n = m->handle_count;
-    vmm_kind kind = m->kind;
-    if (whole) memcpy(whole, m->handles, n * sizeof *whole);
-    for (uint32_t j = 0; j < m->handle_count; j++)
-      if (m->handles[j]->taken) m->handles[j] = NULL;
+  } else { /* every handle taken */
+    for (uint32_t j = 0; j < m->handle_count; j++) m->handles[j] = NULL;
     vmm_mapping_hand_over(a, m, &range);
-    range.handles = whole, range.handle_count = whole ? n : 0, range.kind = kind;
   }
+  range.handles = list, range.handle_count = list ? taken : 0, range.kind = kind;
   vmm_retiring_add(a, &range);
 }
 
