@@ -114,6 +114,7 @@ typedef struct vmm_config {
   const char *trace_path;          /* VMMARENA_TRACE: operation trace file, NULL = off */
   int log_level;                   /* VMMARENA_LOG: 0 off, 1 error, 2 info, 3 debug */
   int caching;                     /* VMMARENA_CACHE on|off: the arena caches every free and carves small requests (whole-process mode); 0 = off */
+  double refill_share;             /* VMMARENA_REFILL below-peak:F (whole-process mode): a miss that would map several cached handles creates new memory while the arena then holds at most F of its high-water mark; 0 = assemble first (the default) */
   size_t pause_staging;            /* VMMARENA_PAUSE_STAGING: pinned staging bytes of VMM_PAUSE_BACKUP copies, 32 MiB; bit 63 set ("32M,keep"): kept while nothing is paused; 0 = synchronous copies */
   const struct vmm_driver *driver; /* NULL = the CUDA driver (libcuda.so.1) */
 } vmm_config;
@@ -125,7 +126,8 @@ typedef struct vmm_config {
 VMM_API vmm_status vmm_parse_size(const char *text, size_t *bytes);
 /* Sets every field of cfg (not NULL) to its default: device 0, exact reuse, 256 GiB
  * reservations, no headroom, no limit, the arena's handle bound, package assembly on,
- * retention auto, no peers, no trace, errors logged, caching off, 32 MiB of pause staging,
+ * retention auto, no peers, no trace, errors logged, caching off, misses assembled before
+ * new memory is created (refill_share 0), 32 MiB of pause staging,
  * the CUDA driver. Cannot fail. */
 VMM_API void vmm_config_init(vmm_config *cfg);
 /* Applies every VMMARENA_* variable that is set (README.md, "Configuration"), all or nothing.
@@ -425,6 +427,8 @@ typedef struct vmm_snapshot {
                                                    beyond 256 kept to serve again) */
   uint64_t revived_ranges;                      /* retired ranges that served a request again as
                                                    they were mapped (no driver call) */
+  uint64_t refills;                             /* misses given new memory instead of several
+                                                   cached handles (VMMARENA_REFILL=below-peak) */
   uint64_t oom_refusals, limit_refusals, headroom_refusals; /* requests refused new memory by the
                                                                driver, the limit, the headroom */
   uint64_t allocs, frees, deferred_frees;       /* successful calls; frees deferred by a capture */

@@ -55,6 +55,7 @@ void vmm_add_physical(vmm_arena *a, size_t bytes) {
   a->physical_bytes += bytes;
   if (a->physical_bytes > a->physical_peak) a->physical_peak = a->physical_bytes;
   if (a->physical_bytes > a->scope_peak) a->scope_peak = a->physical_bytes;
+  if (a->physical_bytes > a->high_water) a->high_water = a->physical_bytes;
 }
 
 void vmm_add_mapped(vmm_arena *a, size_t bytes) {

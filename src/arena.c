@@ -84,6 +84,11 @@ static vmm_status from_retired(vmm_arena *a, const vmm_request *req, vmm_mapping
   return vmm_retiring_revive(a, req, out);
 }
 
+static vmm_status from_refill(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
+  return assembling(a, req) && vmm_refill_wanted(a, req) ? vmm_assemble(a, req, VMM_ASSEMBLE_REFILL, NULL, out)
+                                                         : NOTHING; /* refused: the assembly it replaced is next */
+}
+
 static vmm_status from_idle_and_new(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
   return assembling(a, req) ? vmm_assemble(a, req, VMM_ASSEMBLE_EXACT, NULL, out) : NOTHING;
 }
@@ -130,6 +135,7 @@ static const struct {
     {false, from_pool},          /* pool hit: a pooled mapping the reuse policy allows, no driver call */
     {false, from_pool_prefix},   /* whole-process mode: a larger pooled mapping's first handles, in place */
     {false, from_retired},       /* whole-process mode: a retired range of the size, its handles free again */
+    {false, from_refill},        /* VMMARENA_REFILL: new memory below the high-water mark, not several handles */
     {false, from_idle_and_new},  /* assembly: idle handles back to back, new memory only for the rest */
     {false, from_new_memory},    /* new memory: one handle, where nothing is kept */
     {true, from_any_pooled},     /* pooled fallback: any pooled mapping that fits, whatever its size */

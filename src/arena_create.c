@@ -39,6 +39,9 @@ static vmm_status check_config(const vmm_config *cfg) {
   if ((unsigned)cfg->reuse > VMM_REUSE_NONE || (unsigned)cfg->retain > VMM_RETAIN_OFF)
     return create_fail(NULL, VMM_ERR_INVALID_ARGUMENT, "unknown reuse policy %d or retention mode %d", (int)cfg->reuse,
                        (int)cfg->retain);
+  if (!(cfg->refill_share >= 0.0 && cfg->refill_share <= 1.0))
+    return create_fail(NULL, VMM_ERR_INVALID_ARGUMENT, "refill share %g must be 0 (assemble first) or in (0, 1]",
+                       cfg->refill_share);
   if (cfg->reserve_bytes == 0)
     return create_fail(NULL, VMM_ERR_INVALID_ARGUMENT, "reserve_bytes must be greater than zero");
   return VMM_OK;

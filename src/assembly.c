@@ -111,6 +111,7 @@ static void plan_undo(vmm_arena *a, plan *p) {
   for (size_t i = 0; i < p->n_apart; i++) p->apart[i]->chosen = p->apart[i]->early = false;
 }
 
+
 /* Chooses idle handles for `rounded` bytes: the largest unmapped handle that fits what is
  * left, repeatedly; then handles of pooled mappings taken apart. Padded: the last handle may
  * be larger than what is left. */
@@ -301,25 +302,45 @@ typedef struct assembly {
   size_t first_stuck;    /* stuck pieces from here on are the failed map's own */
 } assembly;
 
-static vmm_status plan_step(vmm_arena *a, assembly *x) {
-  if (x->mode == VMM_ASSEMBLE_NEW) {
-    x->p.fresh = x->req->rounded;
-    return VMM_OK;
-  }
-  x->order = (vmm_reuse_ctx){a, x->req->stream, -1};
-  x->p.order = x->into ? NULL : &x->order;
-  x->p.pool = x->req->pool;
-  x->p.early_shared = a->cfg.caching && !a->captures_underway && !x->into && x->req->pool == VMM_POOL_SHARED;
-  x->p.use = malloc((a->store.idle_count + a->store.pool.handles + 1) * sizeof *x->p.use);
-  x->p.apart = malloc((a->store.pool.count + 1) * sizeof *x->p.apart);
-  if (!x->p.use || !x->p.apart) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for an assembly");
-  plan_idle(a, &x->p, x->req->rounded, x->mode == VMM_ASSEMBLE_PADDED);
-  count_plan(a, &x->p, +1);
+/* Plans req (a resume when `resume`: nothing is taken apart early) into *p, ordered by *order. */
+static vmm_status plan_make(vmm_arena *a, const vmm_request *req, bool resume, bool padded, vmm_reuse_ctx *order,
+                            plan *p) {
+  *order = (vmm_reuse_ctx){a, req->stream, -1};
+  p->order = resume ? NULL : order;
+  p->pool = req->pool;
+  p->early_shared = a->cfg.caching && !a->captures_underway && !resume && req->pool == VMM_POOL_SHARED;
+  p->use = malloc((a->store.idle_count + a->store.pool.handles + 1) * sizeof *p->use);
+  p->apart = malloc((a->store.pool.count + 1) * sizeof *p->apart);
+  if (!p->use || !p->apart) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for an assembly");
+  plan_idle(a, p, req->rounded, padded);
   return VMM_OK;
 }
 
+bool vmm_refill_wanted(vmm_arena *a, const vmm_request *req) {
+  if (!a->cfg.caching || !(a->cfg.refill_share > 0.0) ||
+      (double)(a->physical_bytes + req->rounded) > a->cfg.refill_share * (double)a->high_water)
+    return false;
+  plan p = {0};
+  vmm_reuse_ctx order;
+  bool several = plan_make(a, req, false, false, &order, &p) == VMM_OK && p.n_use > 1;
+  if (p.use && p.apart) plan_undo(a, &p); /* a dry run: the store is as it was */
+  free(p.use);
+  free(p.apart);
+  return several;
+}
+
+static vmm_status plan_step(vmm_arena *a, assembly *x) {
+  if (x->mode == VMM_ASSEMBLE_NEW || x->mode == VMM_ASSEMBLE_REFILL) {
+    x->p.fresh = x->req->rounded;
+    return VMM_OK;
+  }
+  vmm_status st = plan_make(a, x->req, x->into != NULL, x->mode == VMM_ASSEMBLE_PADDED, &x->order, &x->p);
+  if (st == VMM_OK) count_plan(a, &x->p, +1);
+  return st;
+}
+
 static void plan_step_undo(vmm_arena *a, assembly *x) {
-  if (x->mode == VMM_ASSEMBLE_NEW) return;
+  if (x->mode == VMM_ASSEMBLE_NEW || x->mode == VMM_ASSEMBLE_REFILL) return;
   count_plan(a, &x->p, -1);
   plan_undo(a, &x->p);
 }
@@ -442,6 +463,7 @@ static void commit(vmm_arena *a, assembly *x) {
     a->assembly_created_bytes += x->p.fresh;
     if (x->mode == VMM_ASSEMBLE_PADDED) a->padded_assemblies++;
   }
+  a->refills += x->mode == VMM_ASSEMBLE_REFILL;
 }
 
 vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode mode, vmm_mapping *into,

@@ -127,6 +127,24 @@ static vmm_status set_reuse(const char *env, const char *value, vmm_config *cfg)
   return usage(env, value, "expected exact, bounded:F (F >= 1), best-fit or none");
 }
 
+#define VMM_REFILL_SHARE_DEFAULT 0.9
+
+static vmm_status set_refill(const char *env, const char *value, vmm_config *cfg) {
+  if (!strcasecmp(value, "assemble")) return cfg->refill_share = 0.0, VMM_OK;
+  if (!strcasecmp(value, "below-peak")) return cfg->refill_share = VMM_REFILL_SHARE_DEFAULT, VMM_OK;
+  if (!strncasecmp(value, "below-peak:", 11)) {
+    const char *f = value + 11;
+    char *end = NULL;
+    errno = 0;
+    double share = strtod(f, &end);
+    if (*f == '\0' || *end != '\0' || errno || !isdigit((unsigned char)*f) || !(share > 0.0 && share <= 1.0))
+      return usage(env, value, "below-peak:F needs a share F with 0 < F <= 1 (e.g. below-peak:0.9)");
+    cfg->refill_share = share;
+    return VMM_OK;
+  }
+  return usage(env, value, "expected assemble, below-peak or below-peak:F (0 < F <= 1)");
+}
+
 static vmm_status set_retain(const char *env, const char *value, vmm_config *cfg) {
   if (!strcasecmp(value, "on")) return cfg->retain = VMM_RETAIN_ON, VMM_OK;
   if (!strcasecmp(value, "off")) return cfg->retain = VMM_RETAIN_OFF, VMM_OK;
@@ -199,6 +217,7 @@ static const struct setting {
     {"VMMARENA_PACKAGE_ASSEMBLY", "package_assembly", 10},
     {"VMMARENA_PAUSE_STAGING", "pause_staging", 11},
     {"VMMARENA_CACHE", "cache", 12},
+    {"VMMARENA_REFILL", "refill", 13},
 };
 
 static vmm_status apply(const struct setting *s, const char *value, vmm_config *cfg) {
@@ -225,6 +244,7 @@ static vmm_status apply(const struct setting *s, const char *value, vmm_config *
   case 10: return set_switch(s->env, value, &cfg->package_assembly);
   case 11: return set_staging(s->env, value, &cfg->pause_staging);
   case 12: return set_switch(s->env, value, &cfg->caching);
+  case 13: return set_refill(s->env, value, cfg);
   }
   return VMM_ERR_INVALID_ARGUMENT;
 }

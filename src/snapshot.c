@@ -40,6 +40,7 @@ static void fill(const vmm_arena *a, vmm_snapshot *s) {
   s->retiring_ranges = a->retiring.count;
   s->retiring_bytes = a->retiring.bytes;
   s->revived_ranges = a->retiring.revived;
+  s->refills = a->refills;
   s->oom_refusals = a->oom_refusals;
   s->limit_refusals = a->limit_refusals;
   s->headroom_refusals = a->headroom_refusals;
@@ -213,8 +214,8 @@ static void settings_json(jw *w, const vmm_arena *a, const vmm_snapshot *s) {
   printf_(w, "\"reuse\":{\"policy\":\"%s\",\"bound\":", vmm_reuse_policy_name(s->reuse));
   if (isfinite(s->reuse_bound)) printf_(w, "%g", s->reuse_bound);
   else puts_(w, "null"); /* JSON has no inf or nan */
-  printf_(w, ",\"handle_bound_bytes\":%llu,\"package_assembly\":%s},", (unsigned long long)s->handle_bound_bytes,
-          a->cfg.package_assembly ? "true" : "false");
+  printf_(w, ",\"handle_bound_bytes\":%llu,\"package_assembly\":%s,\"refill_share\":%g},",
+          (unsigned long long)s->handle_bound_bytes, a->cfg.package_assembly ? "true" : "false", a->cfg.refill_share);
   kv_u64(w, "granularity", s->granularity, 0);
   kv_u64(w, "headroom_bytes", s->headroom_bytes, 1);
   kv_u64(w, "limit_bytes", s->limit_bytes, 1);
@@ -240,7 +241,7 @@ static const field assembly_fields[] = {
     FIELD(vmm_snapshot, assemblies), FIELD(vmm_snapshot, padded_assemblies), FIELD(vmm_snapshot, assembled_idle_handles),
     FIELD(vmm_snapshot, assembly_created_bytes), FIELD(vmm_snapshot, pooled_taken_apart),
     FIELD(vmm_snapshot, pooled_taken_apart_early), FIELD(vmm_snapshot, retiring_ranges), FIELD(vmm_snapshot, prefix_hits),
-    FIELD(vmm_snapshot, retiring_bytes), FIELD(vmm_snapshot, revived_ranges),
+    FIELD(vmm_snapshot, retiring_bytes), FIELD(vmm_snapshot, revived_ranges), FIELD(vmm_snapshot, refills),
 };
 
 static const field usage_fields[] = {

@@ -171,6 +171,10 @@ static void log_off(const vmm_config *c) { assert_int_equal(c->log_level, 0); }
 static void log_error(const vmm_config *c) { assert_int_equal(c->log_level, 1); }
 static void log_info(const vmm_config *c) { assert_int_equal(c->log_level, 2); }
 static void log_debug(const vmm_config *c) { assert_int_equal(c->log_level, 3); }
+static void refill_assemble(const vmm_config *c) { assert_true(c->refill_share == 0.0); }
+static void refill_0_9(const vmm_config *c) { assert_true(c->refill_share == 0.9); }
+static void refill_0_5(const vmm_config *c) { assert_true(c->refill_share == 0.5); }
+static void refill_1(const vmm_config *c) { assert_true(c->refill_share == 1.0); }
 
 static const good_case good_cases[] = {
     {"VMMARENA_REUSE", "exact", is_exact},
@@ -208,6 +212,10 @@ static const good_case good_cases[] = {
     {"VMMARENA_LOG", "debug", log_debug},
     {"VMMARENA_LOG", "3", log_debug},
     {"VMMARENA_LOG", "0", log_off},
+    {"VMMARENA_REFILL", "assemble", refill_assemble},
+    {"VMMARENA_REFILL", "below-peak", refill_0_9},
+    {"VMMARENA_REFILL", "Below-Peak:0.5", refill_0_5},
+    {"VMMARENA_REFILL", "below-peak:1", refill_1},
 };
 
 /* A bad value and the reason the message must give. */
@@ -216,6 +224,12 @@ typedef struct bad_case {
 } bad_case;
 
 static const bad_case bad_cases[] = {
+    {"VMMARENA_REFILL", "below-peak:0", "0 < F <= 1"},
+    {"VMMARENA_REFILL", "below-peak:1.5", "0 < F <= 1"},
+    {"VMMARENA_REFILL", "below-peak:", "0 < F <= 1"},
+    {"VMMARENA_REFILL", "below-peak:-0.5", "0 < F <= 1"},
+    {"VMMARENA_REFILL", "below-peak:nan", "0 < F <= 1"},
+    {"VMMARENA_REFILL", "sometimes", "expected assemble, below-peak or below-peak:F"},
     {"VMMARENA_REUSE", "bounded:0.5", "F >= 1"},
     {"VMMARENA_REUSE", "bounded:", "F >= 1"},
     {"VMMARENA_REUSE", "bounded:2x", "F >= 1"},

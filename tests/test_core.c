@@ -850,6 +850,11 @@ static void create_bad_config(void **state) {
   cfg.reuse_bound = 0.5;
   expect_create_error(&cfg, VMM_ERR_INVALID_ARGUMENT, "reuse bound 0.5 must be at least 1");
   cfg = tu_config();
+  cfg.refill_share = 1.5;
+  expect_create_error(&cfg, VMM_ERR_INVALID_ARGUMENT, "refill share 1.5 must be 0 (assemble first) or in (0, 1]");
+  cfg.refill_share = -0.25;
+  expect_create_error(&cfg, VMM_ERR_INVALID_ARGUMENT, "refill share -0.25 must be 0");
+  cfg = tu_config();
   assert_int_equal(vmm_arena_create(&cfg, NULL), VMM_ERR_INVALID_ARGUMENT);
   assert_has(vmm_create_error(), "NULL out-pointer");
 }

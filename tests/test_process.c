@@ -13,14 +13,19 @@
 #define T VMM_KIND_TRANSIENT
 #define P VMM_KIND_PACKAGE
 
-static vmm_arena *process_arena_bound(size_t limit, vmm_retain_mode retain, size_t handle_bound) {
+static vmm_arena *process_arena_refill(size_t limit, vmm_retain_mode retain, size_t handle_bound, double refill) {
   fake_driver_reset(NULL);
   vmm_config c = tu_config();
   c.caching = 1;
   c.retain = retain; /* auto: off on the fake's discrete device, as on an H200 */
   c.limit_bytes = limit;
   c.handle_bound_bytes = handle_bound;
+  c.refill_share = refill;
   return tu_arena(NULL, &c);
+}
+
+static vmm_arena *process_arena_bound(size_t limit, vmm_retain_mode retain, size_t handle_bound) {
+  return process_arena_refill(limit, retain, handle_bound, 0.0);
 }
 
 static vmm_arena *process_arena(size_t limit, vmm_retain_mode retain) { return process_arena_bound(limit, retain, 0); }
@@ -493,6 +498,89 @@ static void early_take_apart_orders_the_stream_and_never_in_a_capture(void **sta
   tu_destroy(a);
 }
 
+/* ---- VMMARENA_REFILL ------------------------------------------------------------------ */
+
+/* Three pooled 2 MiB mappings after an empty_cache that left the high-water mark at 16 MiB. */
+static vmm_arena *refill_arena_with_three_pooled(double share) {
+  vmm_arena *a = process_arena_refill(0, VMM_RETAIN_AUTO, 64 * MiB, share);
+  tu_free(a, alloc_in(a, 16 * MiB, T, S1, 0), S1);
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
+  void *p[3];
+  for (int i = 0; i < 3; i++) p[i] = alloc_in(a, 2 * MiB, T, S1, 0);
+  for (int i = 0; i < 3; i++) tu_free(a, p[i], S1);
+  assert_int_equal(usage(a).reserved_bytes, 6 * MiB);
+  return a;
+}
+
+/* below-peak:0.9: a miss that would map three cached handles gets one new handle while the
+ * arena then holds at most 0.9 of its high-water mark (12 of 14.4 MiB); above it (22 MiB) it is
+ * assembled, with no new memory. The cached mappings stay pooled meanwhile. */
+static void refill_creates_below_the_high_water_mark(void **state) {
+  (void)state;
+  vmm_arena *a = refill_arena_with_three_pooled(0.9);
+  size_t from = fake_call_count();
+  void *x = alloc_in(a, 6 * MiB, T, S1, 0);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 1);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_map), 1);
+  vmm_snapshot s = snap(a);
+  assert_int_equal(s.refills, 1);
+  assert_int_equal(s.assemblies, 0);
+  assert_int_equal(s.retained_reusable_handles, 3); /* the three pooled mappings, untouched */
+  assert_int_equal(usage(a).reserved_bytes, 12 * MiB);
+  tu_free(a, x, S1);
+  from = fake_call_count();
+  void *y = alloc_in(a, 10 * MiB, T, S1, 0); /* 12 + 10 > 14.4 MiB: assembled from the cache */
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 0);
+  s = snap(a);
+  assert_int_equal(s.refills, 1);
+  assert_int_equal(s.assemblies, 1);
+  assert_int_equal(usage(a).reserved_bytes, 12 * MiB);
+  tu_free(a, y, S1);
+  tu_destroy(a);
+}
+
+/* Off (the default) the same miss is assembled; on, a plan of one cached handle (and new memory
+ * for the rest) is assembled too: one new handle would save nothing. */
+static void refill_only_for_several_handles(void **state) {
+  (void)state;
+  vmm_arena *a = refill_arena_with_three_pooled(0.0);
+  size_t from = fake_call_count();
+  tu_free(a, alloc_in(a, 6 * MiB, T, S1, 0), S1);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 0);
+  assert_int_equal(snap(a).refills, 0);
+  assert_int_equal(snap(a).assemblies, 1);
+  tu_destroy(a);
+
+  a = process_arena_refill(0, VMM_RETAIN_AUTO, 64 * MiB, 0.9);
+  tu_free(a, alloc_in(a, 16 * MiB, T, S1, 0), S1);
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
+  tu_free(a, alloc_in(a, 4 * MiB, T, S1, 0), S1);
+  tu_free(a, alloc_in(a, 6 * MiB, T, S1, 0), S1); /* the pooled 4 MiB handle + 2 MiB new */
+  vmm_snapshot s = snap(a);
+  assert_int_equal(s.refills, 0);
+  assert_int_equal(s.assemblies, 1);
+  assert_int_equal(s.assembly_created_bytes, 2 * MiB);
+  tu_destroy(a);
+}
+
+/* A refill whose new memory is refused is assembled instead, from the cached handles: the
+ * request is served, nothing is lost, and the refusal is not the request's. */
+static void a_refused_refill_is_assembled(void **state) {
+  (void)state;
+  vmm_arena *a = refill_arena_with_three_pooled(0.9);
+  fake_fail_nth(VMM_DRV_mem_create, 1, CUDA_ERROR_OUT_OF_MEMORY, 0);
+  void *x = alloc_in(a, 6 * MiB, T, S1, 0);
+  fake_clear_faults();
+  vmm_snapshot s = snap(a);
+  assert_int_equal(s.refills, 0);
+  assert_int_equal(s.assemblies, 1);
+  assert_int_equal(usage(a).refusals, 0);
+  assert_int_equal(usage(a).reserved_bytes, 6 * MiB);
+  tu_check(a);
+  tu_free(a, x, S1);
+  tu_destroy(a);
+}
+
 /* ---- record_stream -------------------------------------------------------------------- */
 
 static void record_stream_orders_reuse_of_a_mapping(void **state) {
@@ -928,16 +1016,23 @@ static void cd_scenario(countdown *c) {
   (void)vmm_arena_empty_cache(a);
   fake_set_events_pending(0);
   tu_check(a);
+  if (a->cfg.refill_share > 0.0) { /* below the high-water mark: new memory, not three handles */
+    int k[3];
+    for (int i = 0; i < 3; i++) k[i] = cd_alloc(c, 2 * MiB, T, S1, 0);
+    for (int i = 0; i < 3; i++) cd_free(c, k[i]);
+    cd_free(c, cd_alloc(c, 6 * MiB, T, S1, 0));
+  }
 }
 
 /* Returns the faults the run met. */
-static unsigned countdown_run(unsigned nth, CUresult code, int persistent) {
+static unsigned countdown_run(unsigned nth, CUresult code, int persistent, double refill) {
   countdown c = {0};
-  c.a = process_arena(24 * MiB, VMM_RETAIN_AUTO);
+  c.a = process_arena_refill(24 * MiB, VMM_RETAIN_AUTO, 0, refill);
   c.single = !persistent;
   if (nth) fake_fail_nth_any(nth, code, persistent);
   cd_scenario(&c);
   if (!nth) assert_true(snap(c.a).pooled_taken_apart_early >= 2); /* the scenario takes the early paths */
+  if (!nth && refill > 0.0) assert_int_equal(snap(c.a).refills, 1);
   unsigned fired = fake_faults_fired();
   fake_clear_faults();
   fake_set_capturing(S1, 0);
@@ -966,18 +1061,22 @@ static unsigned countdown_run(unsigned nth, CUresult code, int persistent) {
 
 static void countdown_over_whole_process_paths(void **state) {
   (void)state;
-  assert_int_equal(countdown_run(0, CUDA_SUCCESS, 0), 0);
-  size_t points = 0;
-  const CUresult codes[] = {CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN};
-  for (int persistent = 0; persistent < 2; persistent++)
-    for (size_t k = 0; k < 2; k++)
-      for (unsigned nth = 1;; nth++) {
-        if (!countdown_run(nth, codes[k], persistent)) break;
-        points++;
-        assert_true(nth < 10000);
-      }
-  fprintf(stderr, "countdown over the whole-process paths: %zu injection points\n", points);
-  assert_true(points > 40);
+  const double refills[] = {0.0, 0.9}; /* VMMARENA_REFILL assemble, below-peak */
+  for (size_t r = 0; r < 2; r++) {
+    assert_int_equal(countdown_run(0, CUDA_SUCCESS, 0, refills[r]), 0);
+    size_t points = 0;
+    const CUresult codes[] = {CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN};
+    for (int persistent = 0; persistent < 2; persistent++)
+      for (size_t k = 0; k < 2; k++)
+        for (unsigned nth = 1;; nth++) {
+          if (!countdown_run(nth, codes[k], persistent, refills[r])) break;
+          points++;
+          assert_true(nth < 10000);
+        }
+    fprintf(stderr, "countdown over the whole-process paths (refill share %.1f): %zu injection points\n", refills[r],
+            points);
+    assert_true(points > 40);
+  }
 }
 
 int main(void) {
@@ -997,6 +1096,9 @@ int main(void) {
       cmocka_unit_test(early_take_apart_leaves_the_rest_pooled),
       cmocka_unit_test(retired_ranges_kept_at_most_256_once_complete),
       cmocka_unit_test(early_take_apart_orders_the_stream_and_never_in_a_capture),
+      cmocka_unit_test(refill_creates_below_the_high_water_mark),
+      cmocka_unit_test(refill_only_for_several_handles),
+      cmocka_unit_test(a_refused_refill_is_assembled),
       cmocka_unit_test(record_stream_orders_reuse_of_a_mapping),
       cmocka_unit_test(record_stream_orders_reuse_of_a_slot),
       cmocka_unit_test(a_pool_keeps_its_memory),

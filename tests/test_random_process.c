@@ -160,12 +160,14 @@ static void op_control(model *m) {
   }
 }
 
-static void random_operations(void **state) {
-  (void)state;
+/* The model's run; with a refill share (VMMARENA_REFILL=below-peak:F) misses below the
+ * high-water mark get new memory in place of several cached handles. */
+static void run_model(double refill) {
   fake_driver_reset(NULL);
   vmm_config c = tu_config();
   c.caching = 1;
   c.retain = VMM_RETAIN_AUTO;
+  c.refill_share = refill;
   model m = {.a = tu_arena(NULL, &c), .rng = 0x9e3779b97f4a7c15ull};
   const char *env = getenv("VMMARENA_RANDOM_PROCESS_OPS");
   size_t steps = env ? strtoul(env, NULL, 10) : STEPS;
@@ -178,10 +180,12 @@ static void random_operations(void **state) {
   }
   vmm_snapshot s;
   assert_int_equal(vmm_arena_snapshot(m.a, &s), VMM_OK);
-  printf("whole-process model: %llu prefix hits, %llu ranges served again, %llu taken apart early\n",
-         (unsigned long long)s.prefix_hits, (unsigned long long)s.revived_ranges,
-         (unsigned long long)s.pooled_taken_apart_early);
+  printf("whole-process model (refill share %.1f): %llu prefix hits, %llu ranges served again, %llu taken apart "
+         "early, %llu refills\n",
+         refill, (unsigned long long)s.prefix_hits, (unsigned long long)s.revived_ranges,
+         (unsigned long long)s.pooled_taken_apart_early, (unsigned long long)s.refills);
   if (steps >= STEPS) assert_true(s.prefix_hits > 0 && s.revived_ranges > 0); /* the model went through both paths */
+  if (steps >= STEPS) assert_true(refill > 0.0 ? s.refills > 0 : s.refills == 0);
   if (m.capture) {
     fake_set_capturing(TU_STREAM(1), 0);
     assert_int_equal(vmm_arena_capture_end(m.a, m.capture), VMM_OK);
@@ -202,7 +206,17 @@ static void random_operations(void **state) {
   tu_destroy(m.a);
 }
 
+static void random_operations(void **state) {
+  (void)state;
+  run_model(0.0);
+}
+
+static void random_operations_with_refill(void **state) {
+  (void)state;
+  run_model(0.9);
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(random_operations)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(random_operations), cmocka_unit_test(random_operations_with_refill)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

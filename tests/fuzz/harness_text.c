@@ -95,14 +95,14 @@ static void check_parse_size(const char *value) {
 static const char *const setting_names[] = {
     "VMMARENA_REUSE",  "VMMARENA_STITCH",      "VMMARENA_RESERVE", "VMMARENA_HEADROOM",     "VMMARENA_LIMIT",
     "VMMARENA_RETAIN", "VMMARENA_PEER_ACCESS", "VMMARENA_TRACE",   "VMMARENA_LOG",          "VMMARENA_HANDLE_BOUND",
-    "VMMARENA_PACKAGE_ASSEMBLY", "VMMARENA_PAUSE_STAGING", "VMMARENA_CACHE",
+    "VMMARENA_PACKAGE_ASSEMBLY", "VMMARENA_PAUSE_STAGING", "VMMARENA_CACHE", "VMMARENA_REFILL",
 }; /* VMMARENA_STITCH is retired: every value must be refused as a usage error */
 #define SETTINGS (sizeof setting_names / sizeof setting_names[0])
 
 static const char *env_name_of(const char *name) {
   static const char *const short_names[SETTINGS] = {"reuse",  "stitch",      "reserve", "headroom", "limit",
                                                     "retain", "peer_access", "trace",   "log",      "handle_bound",
-                                                    "package_assembly", "pause_staging", "cache"};
+                                                    "package_assembly", "pause_staging", "cache", "refill"};
   for (size_t i = 0; i < SETTINGS; i++)
     if (!strcmp(name, setting_names[i]) || !strcmp(name, short_names[i])) return setting_names[i];
   return NULL;
@@ -149,6 +149,7 @@ static void check_set(const char *name, const char *value) {
     broken("%s=\"%s\" stored %zu, vmm_parse_size reads %zu", env, value, *field, size);
   if (field == &cfg.reserve_bytes && size == 0) broken("VMMARENA_RESERVE accepted 0");
   if (cfg.reuse == VMM_REUSE_BOUNDED && !(cfg.reuse_bound >= 1.0)) broken("bounded:%g accepted", cfg.reuse_bound);
+  if (!(cfg.refill_share >= 0.0 && cfg.refill_share <= 1.0)) broken("refill share %g accepted", cfg.refill_share);
   check_creates(cfg);
 }
 
