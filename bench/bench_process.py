@@ -16,7 +16,9 @@ For each it reports the physical peak as the allocator's reserved peak (the same
 all: torch.cuda.max_memory_reserved for native, expandable and both process modes, where it
 answers from vmmarena; vmmarena's physical peak plus what PyTorch took outside it for
 mempool), that peak over the live tensor bytes (native's torch.cuda.max_memory_allocated),
-the warmup's wall time, and whether the final logits equal native's. Targets (docs/torch.md):
+the warmup's wall time (and its host time per phase of a step, summed over the steps), the
+driver calls made during the warmup (the arena's per entry point; PyTorch's own cudaMalloc and
+cudaFree for native and expandable), and whether the final logits equal native's. Targets (docs/torch.md):
 process and process-retain at most 1.10x the live bytes (goal 1.05x), below expandable, and no
 slower than native. Prints markdown tables and PASS/MISS lines.
 
@@ -117,6 +119,9 @@ def catalog_worker(job):
     bench_torch.wait_for_turn(Path(job["ready"]), Path(job["go"]), WORKER_TIMEOUT_S)
 
     torch.cuda.synchronize()
+    driver_before = vmm.snapshot(0)["driver"] if mode in PROCESS_MODES else None
+    own_calls = ("num_device_alloc", "num_device_free")  # PyTorch's own cudaMalloc and cudaFree
+    own_before = torch.cuda.memory_stats(0) if mode in ("native", "expandable") else {}
     start = time.perf_counter()
     with scope:
         torch_workload.warmup(torch, model, storage, seed, catalog, series)
@@ -127,16 +132,22 @@ def catalog_worker(job):
         "mode": job["mode"], "catalog": catalog.name, "warmup_s": warmup_s, "observer_s": series.own_s,
         "live_peak_bytes": torch.cuda.max_memory_allocated(0) if mode != "mempool" else None,
         "steps": series.rows, "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+        "phase_s": series.phase_s,  # host time from each phase of a step to the next, summed over the steps
     }
     if mode == "mempool":
         result["peak_bytes"] = series.held()["peak"]
     else:
         result["peak_bytes"] = torch.cuda.max_memory_reserved(0)
+    if mode in ("native", "expandable"):  # during the warmup, like the arena's driver calls
+        stats = torch.cuda.memory_stats(0)
+        result["device_calls"] = {k: stats[k] - own_before[k] if k in stats else None for k in own_calls}
     if mode in PROCESS_MODES:
         snap = vmm.snapshot(0)
         result["vmm_physical_peak_bytes"] = snap["totals"]["physical_peak_bytes"]
         result["usage"] = vmm._lib.usage(0)
-        result["driver"] = snap["driver"]  # calls and time per entry point, to see where the time goes
+        # calls and time per entry point during the warmup (the model's loading left out), to see where the time goes
+        result["driver"] = {name: {k: e[k] - driver_before.get(name, {}).get(k, 0) for k in ("calls", "failures", "ns")}
+                            for name, e in snap["driver"].items()}
         result["pool"] = {k: v for k, v in snap["pool"].items() if k != "buckets"}
     torch.save(logits, job["logits"])
     Path(job["result"]).write_text(json.dumps(result))
@@ -222,7 +233,8 @@ def driver_summary(r):
     total = sum(e["ns"] for e in drv.values()) / 1e9
     top = sorted(drv.items(), key=lambda kv: -kv[1]["ns"])[:2]
     parts = ", ".join(f"{name} {e['calls']} x {e['ns'] / max(e['calls'], 1) / 1e3:.0f} us" for name, e in top)
-    return f"; driver {total:.2f} s ({parts})"
+    refills = (r.get("pool") or {}).get("refills")
+    return f"; driver {total:.2f} s ({parts})" + (f", {refills} refills" if refills else "")
 
 
 def summary(r):
@@ -232,7 +244,11 @@ def summary(r):
     held = f"peak {r['peak_bytes'] / GIB:.3f} GiB"
     if live is not None:
         held += f", max_memory_allocated {live / GIB:.3f} GiB"
-    return f"{held}, warmup {r['warmup_s']:.2f} s{driver_summary(r)}"
+    phases = r.get("phase_s") or {}
+    split = " (" + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()) + ")" if phases else ""
+    calls = r.get("device_calls") or {}
+    made = f"; cudaMalloc {calls['num_device_alloc']}, cudaFree {calls['num_device_free']}" if calls.get("num_device_alloc") is not None else ""
+    return f"{held}, warmup {r['warmup_s']:.2f} s{split}{driver_summary(r)}{made}"
 
 
 def merge_round(by_mode, r):
