@@ -3,7 +3,7 @@
  * point, pool hit rate, allocations refused for want of memory, and the replay's wall time.
  *
  *   vmmarena-replay [--driver fake|cuda] [--capacity SIZE] [--granularity SIZE]
- *                   [--handle-bound SIZE] [--csv OUT.csv] [--plot OUT.png] [TRACE]
+ *                   [--handle-bound SIZE] [--refill HOW] [--csv OUT.csv] [--plot OUT.png] [TRACE]
  *
  * TRACE is a trace file, plain or gzip, read by vmm_trace_reader_open (include/vmmarena/trace.h);
  * without it the trace compiled into the binary is replayed. A trace the reader refuses is
@@ -46,12 +46,13 @@ typedef struct options {
   size_t granularity; /* fake only; 0 = the fake's default */
   size_t handle_bound; /* 0 = the arena's choice */
   int cache;           /* whole-process mode: every free cached, small requests carved (vmm_config.caching) */
+  double refill_share; /* VMMARENA_REFILL as parsed (vmm_config.refill_share); 0 = assemble first */
   const char *csv, *plot, *trace;
 } options;
 
 static void usage(FILE *f) {
   fputs("usage: vmmarena-replay [--driver fake|cuda] [--capacity SIZE] [--granularity SIZE] [--handle-bound SIZE]\n"
-        "                       [--cache] [--csv OUT.csv] [--plot OUT.png] [TRACE]\n"
+        "                       [--cache] [--refill HOW] [--csv OUT.csv] [--plot OUT.png] [TRACE]\n"
         "  TRACE          trace file (plain or gzip); default: the trace built into this binary\n"
         "  --driver       fake (default: simulated driver, no GPU needed) or cuda (device 0)\n"
         "  --capacity     physical memory of the fake device, or the arena limit with cuda (e.g. 96G)\n"
@@ -60,6 +61,7 @@ static void usage(FILE *f) {
         "  --cache        whole-process mode (VMMARENA_CACHE=on): frees cached outside a scope too, requests\n"
         "                 below half the granularity carved from pages (a trace recorded in that mode; on by\n"
         "                 itself for a trace with captures, graph pools, empty-cache or record-stream)\n"
+        "  --refill       whole-process mode's VMMARENA_REFILL: assemble (default), below-peak or below-peak:F\n"
         "  --csv          one row per policy\n"
         "  --plot         physical bytes over the operations, per policy (needs python3-matplotlib)\n",
         f);
@@ -105,6 +107,14 @@ static int parse_options(int argc, char **argv, options *o) {
         fprintf(stderr, "vmmarena-replay: --driver %s: expected fake or cuda\n", value);
         return -1;
       }
+    } else if (!strcmp(arg, "--refill")) {
+      vmm_config parsed;
+      vmm_config_init(&parsed);
+      if (vmm_config_set(&parsed, "refill", value) != VMM_OK) {
+        fprintf(stderr, "vmmarena-replay: --refill: %s\n", vmm_config_error());
+        return -1;
+      }
+      o->refill_share = parsed.refill_share;
     } else if (!strcmp(arg, "--handle-bound")) {
       if (parse_size_option(arg, value, &o->handle_bound)) return -1;
     } else if (!strcmp(arg, "--capacity")) {
@@ -506,6 +516,7 @@ static int replay(const options *o, const policy *p, const trace *t, const repla
   cfg.reuse_bound = p->bound;
   cfg.handle_bound_bytes = o->handle_bound;
   cfg.caching = o->cache;
+  cfg.refill_share = o->refill_share;
   cfg.log_level = 0; /* refusals are counted, not logged */
   if (o->driver == DRIVER_FAKE) {
     fake_options fo = {.capacity = o->capacity ? o->capacity : UNBOUNDED_CAPACITY,
@@ -743,6 +754,12 @@ static void print_summary(const options *o, const result *res) {
          "or a padded assembly. Inside a scope new memory is cut into handles of at most 1/64 of the scope's\n"
          "peak (VMMARENA_HANDLE_BOUND, --handle-bound); at the end of this trace that is %s.\n",
          human(res[2].snap.handle_bound_bytes, b[0]));
+  if (o->refill_share > 0.0) {
+    printf("VMMARENA_REFILL=below-peak:%g: misses given new memory in place of several cached handles:", o->refill_share);
+    for (size_t p = 0; p < POLICY_COUNT; p++)
+      printf("%s %s %llu", p ? "," : "", policies[p].name, (unsigned long long)res[p].snap.refills);
+    printf("\n");
+  }
   int best = lowest_peak(res, 0), best_retaining = lowest_peak(res, 1);
   if (best < 0) {
     printf("every policy ran out of memory at this capacity\n");

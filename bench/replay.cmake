@@ -65,6 +65,13 @@ if(VMMARENA_TESTS)
   set_tests_properties(vmmarena_replay_process PROPERTIES TIMEOUT 300
     PASS_REGULAR_EXPRESSION "17 whole-process: 3 capture-begin, 3 capture-end, 1 release-pool, 3 empty-cache, 7 record-stream\\)[^\n]*\nwhole-process mode: on, as with --cache"
     FAIL_REGULAR_EXPRESSION "FAILED;vmmarena-replay: ")
+  # The default catalog's whole-process trace recorded on the H200, with VMMARENA_REFILL: the
+  # misses below the high-water mark get new memory (a count above zero is matched).
+  add_test(NAME vmmarena_replay_refill
+    COMMAND vmmarena-replay --refill below-peak ${CMAKE_CURRENT_SOURCE_DIR}/traces/default-process.trace.gz)
+  set_tests_properties(vmmarena_replay_refill PROPERTIES TIMEOUT 300
+    PASS_REGULAR_EXPRESSION "cached handles: no-retention [1-9][0-9]*,"
+    FAIL_REGULAR_EXPRESSION "FAILED;vmmarena-replay: ")
 endif()
 
 # ---- bench_gpu: real driver and runtime ------------------------------------------------
