@@ -109,16 +109,23 @@ static vmm_status set_size(const char *env, const char *value, size_t *out, int 
   return VMM_OK;
 }
 
+/* A number that starts with a digit (no sign, "inf" or "nan") and is the whole text. */
+static bool parse_number(const char *text, double *out) {
+  char *end = NULL;
+  errno = 0;
+  double v = strtod(text, &end);
+  if (!isdigit((unsigned char)*text) || *end != '\0' || errno) return false;
+  *out = v;
+  return true;
+}
+
 static vmm_status set_reuse(const char *env, const char *value, vmm_config *cfg) {
   if (!strcasecmp(value, "exact")) return cfg->reuse = VMM_REUSE_EXACT, cfg->reuse_bound = 1.0, VMM_OK;
   if (!strcasecmp(value, "best-fit")) return cfg->reuse = VMM_REUSE_BEST_FIT, VMM_OK;
   if (!strcasecmp(value, "none")) return cfg->reuse = VMM_REUSE_NONE, VMM_OK;
   if (!strncasecmp(value, "bounded:", 8)) {
-    const char *f = value + 8;
-    char *end = NULL;
-    errno = 0;
-    double bound = strtod(f, &end);
-    if (*f == '\0' || *end != '\0' || errno || !(bound >= 1.0) || bound > 1e6 || !isdigit((unsigned char)*f))
+    double bound;
+    if (!parse_number(value + 8, &bound) || !(bound >= 1.0) || bound > 1e6)
       return usage(env, value, "bounded:F needs a number F >= 1 (e.g. bounded:2)");
     cfg->reuse = VMM_REUSE_BOUNDED;
     cfg->reuse_bound = bound;
@@ -133,11 +140,8 @@ static vmm_status set_refill(const char *env, const char *value, vmm_config *cfg
   if (!strcasecmp(value, "assemble")) return cfg->refill_share = 0.0, VMM_OK;
   if (!strcasecmp(value, "below-peak")) return cfg->refill_share = VMM_REFILL_SHARE_DEFAULT, VMM_OK;
   if (!strncasecmp(value, "below-peak:", 11)) {
-    const char *f = value + 11;
-    char *end = NULL;
-    errno = 0;
-    double share = strtod(f, &end);
-    if (*f == '\0' || *end != '\0' || errno || !isdigit((unsigned char)*f) || !(share > 0.0 && share <= 1.0))
+    double share;
+    if (!parse_number(value + 11, &share) || !(share > 0.0 && share <= 1.0))
       return usage(env, value, "below-peak:F needs a share F with 0 < F <= 1 (e.g. below-peak:0.9)");
     cfg->refill_share = share;
     return VMM_OK;
