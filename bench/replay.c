@@ -3,7 +3,7 @@
  * point, pool hit rate, allocations refused for want of memory, and the replay's wall time.
  *
  *   vmmarena-replay [--driver fake|cuda] [--capacity SIZE] [--granularity SIZE]
- *                   [--handle-bound SIZE] [--refill HOW] [--csv OUT.csv] [--plot OUT.png] [TRACE]
+ *                   [--handle-bound SIZE] [--refill HOW] [--lag N] [--csv OUT.csv] [--plot OUT.png] [TRACE]
  *
  * TRACE is a trace file, plain or gzip, read by vmm_trace_reader_open (include/vmmarena/trace.h);
  * without it the trace compiled into the binary is replayed. A trace the reader refuses is
@@ -12,6 +12,7 @@
  * together with its later free. A trace with whole-process calls (captures, graph pools,
  * empty_cache, record_stream: format version 2) is replayed in whole-process mode, as with
  * --cache. */
+#include <ctype.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdio.h>
@@ -47,12 +48,13 @@ typedef struct options {
   size_t handle_bound; /* 0 = the arena's choice */
   int cache;           /* whole-process mode: every free cached, small requests carved (vmm_config.caching) */
   double refill_share; /* VMMARENA_REFILL as parsed (vmm_config.refill_share); 0 = assemble first */
+  uint64_t lag;        /* fake only: an event completes this many operations after its record */
   const char *csv, *plot, *trace;
 } options;
 
 static void usage(FILE *f) {
   fputs("usage: vmmarena-replay [--driver fake|cuda] [--capacity SIZE] [--granularity SIZE] [--handle-bound SIZE]\n"
-        "                       [--cache] [--refill HOW] [--csv OUT.csv] [--plot OUT.png] [TRACE]\n"
+        "                       [--cache] [--refill HOW] [--lag N] [--csv OUT.csv] [--plot OUT.png] [TRACE]\n"
         "  TRACE          trace file (plain or gzip); default: the trace built into this binary\n"
         "  --driver       fake (default: simulated driver, no GPU needed) or cuda (device 0)\n"
         "  --capacity     physical memory of the fake device, or the arena limit with cuda (e.g. 96G)\n"
@@ -62,6 +64,8 @@ static void usage(FILE *f) {
         "                 below half the granularity carved from pages (a trace recorded in that mode; on by\n"
         "                 itself for a trace with captures, graph pools, empty-cache or record-stream)\n"
         "  --refill       whole-process mode's VMMARENA_REFILL: assemble (default), below-peak or below-peak:F\n"
+        "  --lag          fake only: the device N operations behind, an event complete N operations after\n"
+        "                 its record or at a synchronize (default 0: at once)\n"
         "  --csv          one row per policy\n"
         "  --plot         physical bytes over the operations, per policy (needs python3-matplotlib)\n",
         f);
@@ -115,6 +119,15 @@ static int parse_options(int argc, char **argv, options *o) {
         return -1;
       }
       o->refill_share = parsed.refill_share;
+    } else if (!strcmp(arg, "--lag")) {
+      char *end = NULL;
+      errno = 0;
+      unsigned long long n = strtoull(value, &end, 10);
+      if (!isdigit((unsigned char)*value) || *end || errno) {
+        fprintf(stderr, "vmmarena-replay: --lag %s: expected a count of operations\n", value);
+        return -1;
+      }
+      o->lag = n;
     } else if (!strcmp(arg, "--handle-bound")) {
       if (parse_size_option(arg, value, &o->handle_bound)) return -1;
     } else if (!strcmp(arg, "--capacity")) {
@@ -141,6 +154,10 @@ static int parse_options(int argc, char **argv, options *o) {
   }
   if (o->driver == DRIVER_CUDA && o->granularity) {
     fputs("vmmarena-replay: --granularity sets the fake driver's granularity; the CUDA driver reports its own\n", stderr);
+    return -1;
+  }
+  if (o->driver == DRIVER_CUDA && o->lag) {
+    fputs("vmmarena-replay: --lag sets the fake driver's lag; a GPU has its own\n", stderr);
     return -1;
   }
   return 0;
@@ -524,6 +541,7 @@ static int replay(const options *o, const policy *p, const trace *t, const repla
                        .va_space = FAKE_VA_SPACE,
                        .record_calls = -1};
     cfg.driver = fake_driver_reset(&fo);
+    fake_set_event_lag(o->lag);
   } else {
     cfg.limit_bytes = o->capacity;
   }
@@ -537,6 +555,7 @@ static int replay(const options *o, const policy *p, const trace *t, const repla
   double t0 = now_ms();
   for (size_t i = 0; i < t->count && !res->failed; i++) {
     const op *x = &t->ops[i];
+    if (o->driver == DRIVER_FAKE) fake_advance_clock(1);
     CUstream stream = rs->handles[x->stream];
     uint64_t replay_ptr;
     switch ((vmm_trace_op)x->type) {
@@ -739,11 +758,16 @@ static int run_plot(const char *series, const char *png) {
 
 /* ---- Main ---------------------------------------------------------------------------- */
 
+static const char *lag_text(uint64_t lag, char buf[64]) {
+  snprintf(buf, 64, ", device %llu operations behind", (unsigned long long)lag);
+  return buf;
+}
+
 static void print_summary(const options *o, const result *res) {
-  char b[2][32];
+  char b[3][64];
   if (o->driver == DRIVER_FAKE)
-    printf("driver: fake, capacity %s, granularity %s\n\n", o->capacity ? human(o->capacity, b[0]) : "unbounded",
-           human(res[0].snap.granularity, b[1]));
+    printf("driver: fake, capacity %s, granularity %s%s\n\n", o->capacity ? human(o->capacity, b[0]) : "unbounded",
+           human(res[0].snap.granularity, b[1]), o->lag ? lag_text(o->lag, b[2]) : "");
   else
     printf("driver: cuda, device 0, limit %s, granularity %s\n\n", o->capacity ? human(o->capacity, b[0]) : "none",
            human(res[0].snap.granularity, b[1]));

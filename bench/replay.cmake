@@ -72,6 +72,13 @@ if(VMMARENA_TESTS)
   set_tests_properties(vmmarena_replay_refill PROPERTIES TIMEOUT 300
     PASS_REGULAR_EXPRESSION "cached handles: no-retention [1-9][0-9]*,"
     FAIL_REGULAR_EXPRESSION "FAILED;vmmarena-replay: ")
+  # The same trace with the fake device 5 operations behind (frees not yet complete when the
+  # next request comes, as on the H200): every policy must still finish sound.
+  add_test(NAME vmmarena_replay_lag
+    COMMAND vmmarena-replay --lag 5 ${CMAKE_CURRENT_SOURCE_DIR}/traces/default-process.trace.gz)
+  set_tests_properties(vmmarena_replay_lag PROPERTIES TIMEOUT 300
+    PASS_REGULAR_EXPRESSION "device 5 operations behind"
+    FAIL_REGULAR_EXPRESSION "FAILED;vmmarena-replay: ")
 endif()
 
 # ---- bench_gpu: real driver and runtime ------------------------------------------------

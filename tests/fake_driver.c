@@ -310,6 +310,9 @@ static struct {
   size_t log_len, log_cap;
   unsigned generation; /* raised by every reset: thread context stacks older than it are empty */
   int events_pending;  /* cuEventQuery answers CUDA_ERROR_NOT_READY: the device is behind */
+  uint64_t clock;      /* operations the host has issued (fake_advance_clock) */
+  uint64_t event_lag;  /* an event completes this many operations after its record */
+  uint64_t synced_at;  /* the clock at the last synchronize: events recorded before are complete */
   int strict_capture;  /* an unsafe call during a capture, not in relaxed mode, is misuse */
 } fk;
 
@@ -647,6 +650,7 @@ static CUresult do_ctx_pop_current(CUcontext *popped) {
 
 static CUresult do_ctx_synchronize(void) {
   if (fk.capturing.count) return misuse(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "a stream is capturing");
+  fk.synced_at = fk.clock;
   return CUDA_SUCCESS;
 }
 
@@ -824,9 +828,10 @@ static CUresult check_event_and_stream(CUstream stream, CUevent event) {
   return r != CUDA_SUCCESS ? r : check_stream_usable(stream);
 }
 
+/* An event's value in fk.events: 1 + the clock at its last record (1 for none: complete). */
 static CUresult do_event_create(CUevent *event) {
   uint64_t id = next_id++;
-  hmap_put(&fk.events, id, &fk.events); /* any non-NULL value marks the event live */
+  hmap_put(&fk.events, id, (void *)(uintptr_t)1);
   fk.ledger.live_events++;
   *event = (CUevent)(uintptr_t)id;
   return CUDA_SUCCESS;
@@ -962,8 +967,14 @@ static CUresult drv_mem_unmap(CUdeviceptr ptr, size_t size) {
 static CUresult drv_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
   FAKE_CALL(mem_set_access, ptr, size, SAFE(do_mem_set_access(ptr, size, desc, count)));
 }
+/* The fake has one queue: a stream's synchronize completes everything issued so far. */
+static CUresult do_stream_synchronize(CUstream stream) {
+  CUresult r = check_stream_usable(stream);
+  if (r == CUDA_SUCCESS) fk.synced_at = fk.clock;
+  return r;
+}
 static CUresult drv_stream_synchronize(CUstream stream) {
-  FAKE_CALL(stream_synchronize, stream, 0, check_stream_usable(stream));
+  FAKE_CALL(stream_synchronize, stream, 0, do_stream_synchronize(stream));
 }
 static CUresult drv_stream_is_capturing(CUstream stream, CUstreamCaptureStatus *status) {
   FAKE_CALL(stream_is_capturing, stream, 0, do_stream_is_capturing(stream, status));
@@ -975,13 +986,25 @@ static CUresult drv_stream_wait_event(CUstream stream, CUevent event, unsigned i
 static CUresult drv_event_create(CUevent *event, unsigned int flags) {
   FAKE_CALL(event_create, flags, 0, do_event_create(event));
 }
+static CUresult do_event_record(CUevent event, CUstream stream) {
+  CUresult r = check_event_and_stream(stream, event);
+  if (r == CUDA_SUCCESS) { /* the record's clock replaces the last one */
+    hmap_del(&fk.events, (uintptr_t)event);
+    hmap_put(&fk.events, (uintptr_t)event, (void *)(uintptr_t)(fk.clock + 1));
+  }
+  return r;
+}
 static CUresult drv_event_record(CUevent event, CUstream stream) {
-  FAKE_CALL(event_record, event, stream, check_event_and_stream(stream, event));
+  FAKE_CALL(event_record, event, stream, do_event_record(event, stream));
 }
 static CUresult drv_event_destroy(CUevent event) { FAKE_CALL(event_destroy, event, 0, do_event_destroy(event)); }
 static CUresult do_event_query(CUevent event) {
   CUresult r = check_event(event);
-  return r != CUDA_SUCCESS ? r : fk.events_pending ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+  if (r != CUDA_SUCCESS) return r;
+  if (fk.events_pending) return CUDA_ERROR_NOT_READY;
+  uint64_t recorded = (uint64_t)(uintptr_t)hmap_get(&fk.events, (uintptr_t)event) - 1;
+  int behind = recorded > fk.synced_at && fk.clock - recorded < fk.event_lag;
+  return behind ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 static CUresult drv_event_query(CUevent event) { FAKE_CALL(event_query, event, 0, SAFE(do_event_query(event))); }
 static CUresult do_exchange_capture_mode(CUstreamCaptureMode *mode) {
@@ -1142,6 +1165,18 @@ void fake_set_strict_capture(int strict) {
 void fake_set_events_pending(int pending) {
   pthread_mutex_lock(&fk_lock);
   fk.events_pending = pending;
+  pthread_mutex_unlock(&fk_lock);
+}
+
+void fake_set_event_lag(uint64_t ops) {
+  pthread_mutex_lock(&fk_lock);
+  fk.event_lag = ops;
+  pthread_mutex_unlock(&fk_lock);
+}
+
+void fake_advance_clock(uint64_t ops) {
+  pthread_mutex_lock(&fk_lock);
+  fk.clock += ops;
   pthread_mutex_unlock(&fk_lock);
 }
 

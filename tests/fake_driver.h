@@ -55,6 +55,12 @@ void fake_set_strict_capture(int strict);
 /* While set, cuEventQuery answers CUDA_ERROR_NOT_READY for every event (the device is
  * behind the host); otherwise every recorded event is complete. */
 void fake_set_events_pending(int pending);
+/* A device `ops` operations behind the host: an event recorded when the clock stood at t
+ * completes once fake_advance_clock has taken it to t + ops, or at the next synchronize of a
+ * stream or the context (one queue: everything issued before it completes). 0 (the default
+ * after a reset): at once. The clock starts at 0 and only fake_advance_clock moves it. */
+void fake_set_event_lag(uint64_t ops);
+void fake_advance_clock(uint64_t ops);
 /* Streams are any non-NULL pointer value the test invents; capture state is per stream. */
 void fake_set_capturing(CUstream stream, int capturing);
 

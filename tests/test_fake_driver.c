@@ -215,6 +215,36 @@ static void test_capturing_streams(void **state) {
   assert_int_equal(misuse_count(), 7);
 }
 
+/* With a lag an event completes that many operations after its record, or at a synchronize;
+ * an event never recorded is complete; a record again starts over. */
+static void test_event_lag(void **state) {
+  (void)state;
+  CUstream s = (CUstream)(uintptr_t)0x100;
+  CUevent never, e;
+  assert_int_equal(drv->event_create(&never, 0), CUDA_SUCCESS);
+  assert_int_equal(drv->event_create(&e, 0), CUDA_SUCCESS);
+  fake_set_event_lag(3);
+  fake_advance_clock(1);
+  assert_int_equal(drv->event_record(e, s), CUDA_SUCCESS); /* at 1: complete at 4 */
+  assert_int_equal(drv->event_query(never), CUDA_SUCCESS);
+  fake_advance_clock(2);
+  assert_int_equal(drv->event_query(e), CUDA_ERROR_NOT_READY);
+  fake_advance_clock(1);
+  assert_int_equal(drv->event_query(e), CUDA_SUCCESS);
+  assert_int_equal(drv->event_record(e, s), CUDA_SUCCESS); /* at 4 */
+  assert_int_equal(drv->event_query(e), CUDA_ERROR_NOT_READY);
+  assert_int_equal(drv->stream_synchronize(s), CUDA_SUCCESS);
+  assert_int_equal(drv->event_query(e), CUDA_SUCCESS);
+  fake_advance_clock(1);
+  assert_int_equal(drv->event_record(e, s), CUDA_SUCCESS); /* at 5, after the synchronize */
+  assert_int_equal(drv->event_query(e), CUDA_ERROR_NOT_READY);
+  assert_int_equal(drv->ctx_synchronize(), CUDA_SUCCESS);
+  assert_int_equal(drv->event_query(e), CUDA_SUCCESS);
+  assert_int_equal(drv->event_destroy(never), CUDA_SUCCESS);
+  assert_int_equal(drv->event_destroy(e), CUDA_SUCCESS);
+  assert_int_equal(misuse_count(), 0);
+}
+
 static void test_unmap_of_several_mappings(void **state) {
   (void)state;
   CUdeviceptr base = reserve(4 * GRAIN);
@@ -307,6 +337,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_capacity_out_of_memory, reset_defaults, reset_defaults),
       cmocka_unit_test_setup_teardown(test_fault_injection, reset_defaults, reset_defaults),
       cmocka_unit_test_setup_teardown(test_capturing_streams, reset_defaults, reset_defaults),
+      cmocka_unit_test_setup_teardown(test_event_lag, reset_defaults, reset_defaults),
       cmocka_unit_test_setup_teardown(test_unmap_of_several_mappings, reset_defaults, reset_defaults),
       cmocka_unit_test_setup_teardown(test_aliased_handle_outlives_release, reset_defaults, reset_defaults),
       cmocka_unit_test_setup_teardown(test_peer_access_off, reset_defaults, reset_defaults),
