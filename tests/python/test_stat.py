@@ -99,6 +99,15 @@ class Sample(unittest.TestCase):
         doc["limit_bytes"] = 0
         self.assertIn("limit none", _stat.render(doc))
 
+    def test_refill_shown_only_when_set(self):
+        doc = json.loads(self.text)
+        self.assertNotIn("refill", _stat.render(doc))  # the sample predates the key: assemble first
+        doc["reuse"]["refill_share"] = 0.9
+        self.assertIn("granularity 2.0 MiB; refill below-peak:0.9", _stat.render(doc))
+        doc["reuse"]["refill_share"] = "0.9"
+        with self.assertRaisesRegex(_stat.SnapshotError, r'snapshot key "reuse.refill_share" is a string'):
+            _stat.render(doc)
+
     def test_paused_allocations_of_a_tag(self):
         doc = json.loads(self.text)
         tag = next(t for t in doc["tags"] if t["tag"] == "graph operands")
