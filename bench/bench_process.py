@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """GPU benchmark of whole-process mode (vmmarena.install()): the warmup catalogs of
-torch_workload.py run as plain PyTorch code under five allocators, each catalog and mode in a
+torch_workload.py run as plain PyTorch code under six allocators, each catalog and mode in a
 process of its own with the same seed:
 
   native          PyTorch's caching allocator
@@ -9,6 +9,8 @@ process of its own with the same seed:
                   as bench_torch.py's vmm-off
   process         vmmarena.install(), then the plain code (VMMARENA_RETAIN=off)
   process-retain  the same inside one retention scope around the catalog (VMMARENA_RETAIN=on)
+  process-refill  process with VMMARENA_REFILL=below-peak: a miss below 0.9 of the high-water
+                  mark gets one new handle instead of several cached ones (fewer driver calls)
   process-bounded process with VMMARENA_REUSE=bounded:1.25: a pooled mapping up to 1.25x the
                   request is a hit (fewer driver calls, more memory); only when --modes asks
 
@@ -64,9 +66,10 @@ MODES = {
     "mempool": {"VMMARENA_RETAIN": "off"},
     "process": {"VMMARENA_RETAIN": "off"},
     "process-retain": {"VMMARENA_RETAIN": "on"},
+    "process-refill": {"VMMARENA_RETAIN": "off", "VMMARENA_REFILL": "below-peak"},
     "process-bounded": {"VMMARENA_RETAIN": "off", "VMMARENA_REUSE": "bounded:1.25"},
 }
-PROCESS_MODES = ("process", "process-retain", "process-bounded")
+PROCESS_MODES = ("process", "process-retain", "process-refill", "process-bounded")
 HOT_MODES = ("native", "process")
 HOT_SIZES = (0, 512, 4096, 65536, 1 << 20, 2 << 20, 64 << 20)
 TARGET, GOAL = 1.10, 1.05
