@@ -111,7 +111,6 @@ static void plan_undo(vmm_arena *a, plan *p) {
   for (size_t i = 0; i < p->n_apart; i++) p->apart[i]->chosen = p->apart[i]->early = false;
 }
 
-
 /* Chooses idle handles for `rounded` bytes: the largest unmapped handle that fits what is
  * left, repeatedly; then handles of pooled mappings taken apart. Padded: the last handle may
  * be larger than what is left. */
