@@ -322,7 +322,7 @@ bool vmm_refill_wanted(vmm_arena *a, const vmm_request *req) {
   plan p = {0};
   vmm_reuse_ctx order;
   bool several = plan_make(a, req, false, false, &order, &p) == VMM_OK && p.n_use > 1;
-  if (p.use && p.apart) plan_undo(a, &p); /* a dry run: the store is as it was */
+  plan_undo(a, &p); /* a dry run: the store is as it was (a plan never made took nothing) */
   free(p.use);
   free(p.apart);
   return several;
