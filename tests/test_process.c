@@ -307,15 +307,22 @@ static size_t mapping_calls_since(size_t from) {
          fake_calls_since(from, VMM_DRV_mem_release);
 }
 
+/* A 4 MiB and a 6 MiB mapping on S1, freed: pooled, one handle each (whole_handles_arena). */
+static void two_freed(vmm_arena *a, void **x, void **y) {
+  *x = alloc_in(a, 4 * MiB, T, S1, 0);
+  *y = alloc_in(a, 6 * MiB, T, S1, 0);
+  tu_free(a, *x, S1);
+  tu_free(a, *y, S1);
+}
+
 /* A retired range serves a request of its size again, as it is mapped, once its handles are
  * free: held by pooled mappings (which retire in its place; their other handles go idle) or
  * idle. One handle per request, so that no prefix hit serves first. No driver call on the way. */
 static void a_retired_range_serves_again(void **state) {
   (void)state;
   vmm_arena *a = whole_handles_arena();
-  void *x = alloc_in(a, 4 * MiB, T, S1, 0), *y = alloc_in(a, 6 * MiB, T, S1, 0);
-  tu_free(a, x, S1);
-  tu_free(a, y, S1);
+  void *x, *y;
+  two_freed(a, &x, &y);
   void *z = alloc_in(a, 10 * MiB, T, S1, 0); /* from y's handle, then x's: both ranges retire */
   assert_true(z != x && z != y);
   assert_int_equal(snap(a).retiring_ranges, 2);
@@ -347,9 +354,8 @@ static void a_retired_range_serves_again(void **state) {
 static void a_retired_range_keeps_stream_order(void **state) {
   (void)state;
   vmm_arena *a = whole_handles_arena();
-  void *x = alloc_in(a, 4 * MiB, T, S1, 0), *y = alloc_in(a, 6 * MiB, T, S1, 0);
-  tu_free(a, x, S1);
-  tu_free(a, y, S1);
+  void *x, *y;
+  two_freed(a, &x, &y);
   void *z = alloc_in(a, 10 * MiB, T, S1, 0);
   tu_free(a, z, S1);
   fake_set_events_pending(1); /* z's work not known done: its handle of y would go idle early */
@@ -435,9 +441,8 @@ static void retired_ranges_kept_at_most_256_once_complete(void **state) {
 static void pause_unmaps_the_retired_ranges_of_its_handles(void **state) {
   (void)state;
   vmm_arena *a = whole_handles_arena();
-  void *x = alloc_in(a, 4 * MiB, T, S1, 0), *y = alloc_in(a, 6 * MiB, T, S1, 0);
-  tu_free(a, x, S1);
-  tu_free(a, y, S1);
+  void *x, *y;
+  two_freed(a, &x, &y);
   vmm_tag_push("t");
   void *z = alloc_in(a, 10 * MiB, T, S1, 0);
   vmm_tag_pop();
