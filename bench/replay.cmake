@@ -81,17 +81,19 @@ if(VMMARENA_TESTS)
     FAIL_REGULAR_EXPRESSION "FAILED;vmmarena-replay: ")
 endif()
 
-# ---- bench_gpu: real driver and runtime ------------------------------------------------
-# The bench_*.c loop above makes the target; it also calls cuMemCreate and cudaMalloc
-# directly, so it links libcuda (the toolkit's stub where no driver is installed) and
-# libcudart. It builds without a GPU and runs only where one is.
-if(NOT TARGET bench_gpu)
-  add_executable(bench_gpu ${CMAKE_CURRENT_SOURCE_DIR}/bench_gpu.c)
-  target_link_libraries(bench_gpu PRIVATE vmmarena_static)
-endif()
-if(TARGET CUDA::cuda_driver AND TARGET CUDA::cudart)
-  target_link_libraries(bench_gpu PRIVATE CUDA::cuda_driver CUDA::cudart)
-else()
-  set_target_properties(bench_gpu PROPERTIES EXCLUDE_FROM_ALL ON)
-  message(STATUS "bench_gpu not built: the CUDA toolkit has no libcuda stub or libcudart")
-endif()
+# ---- bench_gpu, bench_mapping: real driver and runtime ----------------------------------
+# The bench_*.c loop above makes the targets; they also call the driver and cudaMalloc
+# directly, so they link libcuda (the toolkit's stub where no driver is installed) and
+# libcudart. They build without a GPU and run only where one is.
+foreach(gpu_bench bench_gpu bench_mapping)
+  if(NOT TARGET ${gpu_bench})
+    add_executable(${gpu_bench} ${CMAKE_CURRENT_SOURCE_DIR}/${gpu_bench}.c)
+    target_link_libraries(${gpu_bench} PRIVATE vmmarena_static)
+  endif()
+  if(TARGET CUDA::cuda_driver AND TARGET CUDA::cudart)
+    target_link_libraries(${gpu_bench} PRIVATE CUDA::cuda_driver CUDA::cudart Threads::Threads)
+  else()
+    set_target_properties(${gpu_bench} PROPERTIES EXCLUDE_FROM_ALL ON)
+    message(STATUS "${gpu_bench} not built: the CUDA toolkit has no libcuda stub or libcudart")
+  endif()
+endforeach()

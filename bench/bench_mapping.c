@@ -1,0 +1,272 @@
+/* What the driver charges for a mapping, on device 0, with the raw driver calls (no arena):
+ *
+ *   per handle   64 MiB mapped as 1 handle, as 4 and as 32 handles back to back
+ *   per piece    one 64 MiB handle mapped as 4 and as 32 pieces (cuMemMap at an offset into it)
+ *   beside       a thread launching small async memsets while another maps and unmaps
+ *
+ * Each row is the median over the repetitions of each phase: the cuMemMap calls, the one
+ * cuMemSetAccess, the one cuMemUnmap. Whether the driver maps part of a handle is probed
+ * first (driver 580 refuses an offset: CUDA_ERROR_NOT_SUPPORTED), and the piece layouts run
+ * only where it does; bytes written through the whole handle's mapping must then read back
+ * through the pieces mapped in reverse order, or the benchmark stops with exit 1. The last part says whether mapping work on one thread
+ * slows the launches of another (the question behind unmapping off the allocation path).
+ * Needs an NVIDIA GPU with about 400 MiB free. */
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MIB ((size_t)1 << 20)
+#define TOTAL (64 * MIB)
+#define MAX_PARTS 32
+#define REPS 40
+#define LAUNCHES 4000
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static void check_cu(CUresult r, const char *what, int line) {
+  if (r == CUDA_SUCCESS) return;
+  const char *name = NULL;
+  cuGetErrorName(r, &name);
+  fprintf(stderr, "bench_mapping: line %d: %s failed: %s (%d)\n", line, what, name ? name : "?", (int)r);
+  exit(1);
+}
+
+static void check_rt(cudaError_t e, const char *what, int line) {
+  if (e == cudaSuccess) return;
+  fprintf(stderr, "bench_mapping: line %d: %s failed: %s\n", line, what, cudaGetErrorName(e));
+  exit(1);
+}
+
+#define CU(call) check_cu((call), #call, __LINE__)
+#define RT(call) check_rt((call), #call, __LINE__)
+
+static CUmemAllocationProp prop;
+static CUmemAccessDesc access_desc;
+
+/* One way to fill TOTAL bytes of address space: `parts` mappings, each of its own handle
+ * (pieces == false) or each a piece of handles[0] at its offset (pieces == true). */
+typedef struct layout {
+  const char *name;
+  int parts;
+  bool pieces;
+  CUmemGenericAllocationHandle handles[MAX_PARTS];
+} layout;
+
+static void layout_create(layout *l) {
+  size_t part = TOTAL / (size_t)l->parts;
+  for (int i = 0; i < (l->pieces ? 1 : l->parts); i++) CU(cuMemCreate(&l->handles[i], l->pieces ? TOTAL : part, &prop, 0));
+}
+
+static void layout_release(layout *l) {
+  for (int i = 0; i < (l->pieces ? 1 : l->parts); i++) CU(cuMemRelease(l->handles[i]));
+}
+
+/* Part i of l mapped at va: its own handle, or the piece of handles[0] at i * part. */
+static CUresult map_part(const layout *l, CUdeviceptr va, int i) {
+  size_t part = TOTAL / (size_t)l->parts;
+  return cuMemMap(va, part, l->pieces ? (size_t)i * part : 0, l->pieces ? l->handles[0] : l->handles[i], 0);
+}
+
+typedef struct phases {
+  double map, access, unmap;
+} phases;
+
+/* One map + access + unmap cycle of l at va, each phase timed into t. */
+static void cycle(const layout *l, CUdeviceptr va, phases *t) {
+  size_t part = TOTAL / (size_t)l->parts;
+  double t0 = now_us();
+  for (int i = 0; i < l->parts; i++) CU(map_part(l, va + (size_t)i * part, i));
+  double t1 = now_us();
+  CU(cuMemSetAccess(va, TOTAL, &access_desc, 1));
+  double t2 = now_us();
+  CU(cuMemUnmap(va, TOTAL));
+  double t3 = now_us();
+  if (t) t->map = t1 - t0, t->access = t2 - t1, t->unmap = t3 - t2;
+}
+
+static const char *result_name(CUresult r) {
+  const char *name = NULL;
+  cuGetErrorName(r, &name);
+  return name ? name : "?";
+}
+
+/* Whether the driver maps part of a handle: its first 2 MiB (offset 0), and 2 MiB at an
+ * offset. Where it does, 32 pieces of one handle mapped in reverse order must read back what
+ * was written through the handle mapped whole. Returns whether pieces at an offset work. */
+static bool probe_pieces(CUdeviceptr whole, CUdeviceptr reversed) {
+  layout l = {"probe", MAX_PARTS, true, {0}};
+  layout_create(&l);
+  size_t part = TOTAL / MAX_PARTS;
+  CUresult prefix = cuMemMap(reversed, part, 0, l.handles[0], 0);
+  if (prefix == CUDA_SUCCESS) CU(cuMemUnmap(reversed, part));
+  CUresult offset = cuMemMap(reversed, part, part, l.handles[0], 0);
+  if (offset == CUDA_SUCCESS) CU(cuMemUnmap(reversed, part));
+  printf("pieces: a 2 MiB prefix of a 64 MiB handle (offset 0): %s; 2 MiB at offset 2 MiB: %s\n",
+         result_name(prefix), result_name(offset));
+  if (offset != CUDA_SUCCESS) {
+    printf("pieces: not supported by this driver; the piece layouts are skipped\n\n");
+    layout_release(&l);
+    return false;
+  }
+  CU(cuMemMap(whole, TOTAL, 0, l.handles[0], 0));
+  CU(cuMemSetAccess(whole, TOTAL, &access_desc, 1));
+  for (int i = 0; i < MAX_PARTS; i++) CU(cuMemsetD32(whole + (size_t)i * part, 0x5a000000u + (unsigned)i, part / 4));
+  for (int i = 0; i < MAX_PARTS; i++) CU(map_part(&l, reversed + (size_t)(MAX_PARTS - 1 - i) * part, i));
+  CU(cuMemSetAccess(reversed, TOTAL, &access_desc, 1));
+  int wrong = 0;
+  for (int i = 0; i < MAX_PARTS; i++) {
+    uint32_t first = 0, last = 0;
+    CUdeviceptr at = reversed + (size_t)(MAX_PARTS - 1 - i) * part;
+    CU(cuMemcpyDtoH(&first, at, sizeof first));
+    CU(cuMemcpyDtoH(&last, at + part - sizeof last, sizeof last));
+    wrong += first != 0x5a000000u + (unsigned)i || last != first;
+  }
+  CU(cuMemUnmap(reversed, TOTAL));
+  CU(cuMemUnmap(whole, TOTAL));
+  layout_release(&l);
+  if (wrong) {
+    fprintf(stderr, "bench_mapping: %d of %d pieces read other bytes than their offset names\n", wrong, MAX_PARTS);
+    exit(1);
+  }
+  printf("pieces: 32 pieces of one 64 MiB handle, mapped in reverse order, read back what was written through the "
+         "whole mapping (checked)\n\n");
+  return true;
+}
+
+/* ---- Launches beside mapping work ----------------------------------------------------- */
+
+typedef struct background {
+  CUcontext ctx;
+  layout *l;
+  CUdeviceptr va;
+  atomic_bool stop;
+  long cycles;
+} background;
+
+static void *map_loop(void *arg) {
+  background *b = arg;
+  CU(cuCtxSetCurrent(b->ctx));
+  while (!atomic_load(&b->stop)) {
+    cycle(b->l, b->va, NULL);
+    b->cycles++;
+  }
+  return NULL;
+}
+
+/* Microseconds per async launch (a 4 KiB memset) over LAUNCHES of them, the host side only. */
+static double launch_us(cudaStream_t s, void *buf) {
+  double t0 = now_us();
+  for (int i = 0; i < LAUNCHES; i++) RT(cudaMemsetAsync(buf, i & 0xff, 4096, s));
+  double us = (now_us() - t0) / LAUNCHES;
+  RT(cudaStreamSynchronize(s));
+  return us;
+}
+
+static void launches_beside(layout *l, CUdeviceptr va) {
+  cudaStream_t s;
+  void *buf;
+  RT(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  RT(cudaMalloc(&buf, 4096));
+  (void)launch_us(s, buf); /* warm-up */
+  double alone[5], beside[5];
+  long cycles = 0;
+  for (int k = 0; k < 5; k++) {
+    alone[k] = launch_us(s, buf);
+    background b = {.l = l, .va = va};
+    CU(cuCtxGetCurrent(&b.ctx));
+    atomic_init(&b.stop, false);
+    pthread_t t;
+    if (pthread_create(&t, NULL, map_loop, &b)) {
+      fprintf(stderr, "bench_mapping: pthread_create failed\n");
+      exit(1);
+    }
+    double t0 = now_us();
+    while (b.cycles < 2 && now_us() - t0 < 1e6) /* the other thread is mapping */
+      ;
+    beside[k] = launch_us(s, buf);
+    atomic_store(&b.stop, true);
+    pthread_join(t, NULL);
+    cycles += b.cycles;
+  }
+  double a = median(alone, 5), bs = median(beside, 5);
+  printf("\nlaunches: median us per async 4 KiB memset launch, %d launches, 5 rounds\n\n", LAUNCHES);
+  printf("| alone | beside %s map/unmap cycles on another thread | beside/alone | cycles run |\n", l->name);
+  printf("|------:|------:|------:|------:|\n");
+  printf("| %.2f | %.2f | %.2f | %ld |\n", a, bs, bs / a, cycles);
+  RT(cudaFree(buf));
+  RT(cudaStreamDestroy(s));
+}
+
+int main(void) {
+  RT(cudaSetDevice(0));
+  RT(cudaFree(0)); /* creates the primary context and makes it current */
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  access_desc.location = prop.location;
+  access_desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  size_t granularity = 0;
+  CU(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  if (TOTAL / MAX_PARTS % granularity) {
+    fprintf(stderr, "bench_mapping: granularity %zu does not divide %zu\n", granularity, TOTAL / MAX_PARTS);
+    return 1;
+  }
+  CUdeviceptr va[2];
+  for (int i = 0; i < 2; i++) CU(cuMemAddressReserve(&va[i], TOTAL, granularity, 0, 0));
+  int driver = 0;
+  cudaDriverGetVersion(&driver);
+  struct cudaDeviceProp dp;
+  RT(cudaGetDeviceProperties(&dp, 0));
+  printf("bench_mapping: %s, driver %d, granularity %zu MiB\n\n", dp.name, driver, granularity / MIB);
+  bool pieces = probe_pieces(va[0], va[1]);
+
+  layout layouts[] = {{"1 handle", 1, false, {0}},  {"4 handles", 4, false, {0}},  {"32 handles", 32, false, {0}},
+                      {"4 pieces of 1", 4, true, {0}}, {"32 pieces of 1", 32, true, {0}}};
+  size_t n = sizeof layouts / sizeof layouts[0];
+  printf("mapping 64 MiB: median us per phase over %d cycles\n\n", REPS);
+  printf("| layout | cuMemMap (all) | cuMemSetAccess | cuMemUnmap | cycle | us per part | cycle / 1 handle |\n");
+  printf("|---|---:|---:|---:|---:|---:|---:|\n");
+  double one = 0;
+  for (size_t k = 0; k < n; k++) {
+    layout *l = &layouts[k];
+    if (l->pieces && !pieces) continue;
+    layout_create(l);
+    cycle(l, va[0], NULL); /* warm-up */
+    double map[REPS], acc[REPS], unmap[REPS], total[REPS];
+    for (int r = 0; r < REPS; r++) {
+      phases t;
+      cycle(l, va[0], &t);
+      map[r] = t.map, acc[r] = t.access, unmap[r] = t.unmap, total[r] = t.map + t.access + t.unmap;
+    }
+    double c = median(total, REPS);
+    if (k == 0) one = c;
+    printf("| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |\n", l->name, median(map, REPS), median(acc, REPS),
+           median(unmap, REPS), c, c / l->parts, c / one);
+  }
+  launches_beside(&layouts[2], va[0]); /* 32 handles: a stitched range */
+  for (size_t k = 0; k < n; k++)
+    if (!layouts[k].pieces || pieces) layout_release(&layouts[k]);
+  for (int i = 0; i < 2; i++) CU(cuMemAddressFree(va[i], TOTAL));
+  return 0;
+}
