@@ -429,6 +429,9 @@ typedef struct vmm_snapshot {
                                                    they were mapped (no driver call) */
   uint64_t refills;                             /* misses given new memory instead of several
                                                    cached handles (VMMARENA_REFILL=below-peak) */
+  uint64_t run_hits;                            /* whole-process mode: requests served in place by
+                                                   handles inside a larger pooled mapping, after
+                                                   its first (prefix_hits: from its first) */
   uint64_t oom_refusals, limit_refusals, headroom_refusals; /* requests refused new memory by the
                                                                driver, the limit, the headroom */
   uint64_t allocs, frees, deferred_frees;       /* successful calls; frees deferred by a capture */

@@ -59,21 +59,23 @@ static vmm_status from_pool(vmm_arena *a, const vmm_request *req, vmm_mapping **
   return *out ? VMM_OK : NOTHING;
 }
 
-/* Whole-process mode: the first handles of a larger pooled mapping, in place, where they make
- * exactly the request; the rest stays pooled (no driver call, as a caching allocator splits a
- * block). */
-static vmm_status from_pool_prefix(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
+/* Whole-process mode: a run of a larger pooled mapping's handles, in place, where they make
+ * exactly the request; those before and after it stay pooled (no driver call, as a caching
+ * allocator splits a block). */
+static vmm_status from_pool_run(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
   if (!a->cfg.caching || !pooling(a, req) || a->cfg.reuse != VMM_REUSE_EXACT) return NOTHING;
-  if (vmm_pool_reserve(&a->store.pool, 1)) return NOTHING;
+  if (vmm_pool_reserve(&a->store.pool, 2)) return NOTHING;
   hit_ctx c = {{a, req->stream, -1}, req->kind, req->pool};
-  uint32_t k;
-  vmm_mapping *m = vmm_pool_take_prefix(&a->store.pool, req->rounded, hit_usable, &c, &k);
+  uint32_t first, count;
+  vmm_mapping *m = vmm_pool_take_run(&a->store.pool, req->rounded, hit_usable, &c, &first, &count), *after = NULL;
   if (!m) return NOTHING;
-  vmm_mapping *tail = vmm_mapping_split_tail(a, m, k);
-  (void)vmm_pool_push(&a->store.pool, tail ? tail : m); /* a spare bucket was reserved */
-  if (!tail) return NOTHING;
-  a->prefix_hits++;
-  *out = m;
+  vmm_mapping *run = vmm_mapping_split_run(a, m, first, count, &after);
+  if (run != m) (void)vmm_pool_push(&a->store.pool, m); /* spare buckets were reserved */
+  if (after) (void)vmm_pool_push(&a->store.pool, after);
+  if (!run) return NOTHING; /* host out of memory: m is pooled as it was */
+  if (first) a->run_hits++;
+  else a->prefix_hits++;
+  *out = run;
   return VMM_OK;
 }
 
@@ -133,8 +135,8 @@ static const struct {
   vmm_status (*take)(vmm_arena *a, const vmm_request *req, vmm_mapping **out);
 } sources[] = {
     {false, from_pool},          /* pool hit: a pooled mapping the reuse policy allows, no driver call */
-    {false, from_pool_prefix},   /* whole-process mode: a larger pooled mapping's first handles, in place */
     {false, from_retired},       /* whole-process mode: a retired range of the size, its handles free again */
+    {false, from_pool_run},      /* whole-process mode: a run of a larger pooled mapping's handles, in place */
     {false, from_refill},        /* VMMARENA_REFILL: new memory below the high-water mark, not several handles */
     {false, from_idle_and_new},  /* assembly: idle handles back to back, new memory only for the rest */
     {false, from_new_memory},    /* new memory: one handle, where nothing is kept */

@@ -79,6 +79,12 @@ static int check_totals(const vmm_arena *a, const recount *c, char *why, size_t 
                     (unsigned long long)a->kind[1].live_count, (unsigned long long)c->kind[1].live_count,
                     (unsigned long long)a->kind[1].pooled_count, (unsigned long long)c->kind[1].pooled_count),
            -1;
+  uint64_t pooled = 0;
+  for (int k = 0; k < VMM_KIND_COUNT; k++) pooled += c->kind[k].pooled_count;
+  if (pooled != a->store.pool.count)
+    return snprintf(why, cap, "%llu mappings are pooled, the pool holds %zu", (unsigned long long)pooled,
+                    a->store.pool.count),
+           -1;
   if (c->mapped != a->mapped_bytes || c->physical != a->physical_bytes)
     return snprintf(why, cap, "byte counters differ: mapped %llu vs %llu, physical %llu vs %llu",
                     (unsigned long long)a->mapped_bytes, (unsigned long long)c->mapped,

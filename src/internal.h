@@ -141,8 +141,9 @@ typedef struct vmm_mapping {
   struct vmm_bucket *bucket;
   bool chosen;            /* picked by the assembly being planned (only during vmm_assemble) */
   bool early;             /* chosen before its free's work was known complete: its range retires */
-  bool tail;              /* split off in place after another mapping by a prefix hit: merged back
-                             into the one before it when that one is pooled */
+  bool tail;              /* split off in place after another mapping by an in-place hit: merged back
+                             with the one before it when both are pooled */
+  CUdeviceptr before;     /* a tail: the base of the mapping it was split off after */
   void *backup;           /* host copy of a paused allocation's contents (VMM_PAUSE_BACKUP; backup.c) */
 } vmm_mapping;
 
@@ -221,10 +222,13 @@ VMM_INTERNAL void vmm_mapping_hand_over(vmm_arena *a, vmm_mapping *m, struct vmm
 /* Pooled m (out of the pool) gave its first k handles to an assembly: they leave m, whose
  * range now starts after them; *range is the part before, for vmm_retiring_add. */
 VMM_INTERNAL void vmm_mapping_split_off(vmm_arena *a, vmm_mapping *m, uint32_t k, struct vmm_retiring_range *range);
-/* POOLED m (out of the pool) keeps its first k handles; the rest, in place after them, becomes
- * a new POOLED record with m's kind, pool, tag and free, returned for the caller to pool.
- * NULL on host out-of-memory, nothing changed. No driver call. */
-VMM_INTERNAL vmm_mapping *vmm_mapping_split_tail(vmm_arena *a, vmm_mapping *m, uint32_t k);
+/* POOLED m (out of the pool) gives its handles [first, first + count), fewer than all, their own
+ * record in place, returned: m itself where first is 0, else a new one after m, which keeps the
+ * handles before. Those after become a POOLED record of their own in *after (NULL if none).
+ * The new records have m's kind, pool, tag and free; the caller pools m and *after. NULL on host
+ * out of memory, nothing changed. No driver call. */
+VMM_INTERNAL vmm_mapping *vmm_mapping_split_run(vmm_arena *a, vmm_mapping *m, uint32_t first, uint32_t count,
+                                                vmm_mapping **after);
 /* Frees a paused allocation: no driver call where it holds no memory; its range returns. */
 VMM_INTERNAL vmm_status vmm_mapping_free_paused(vmm_arena *a, vmm_mapping *m, bool retain);
 /* Unmaps and releases everything of m, logging failures (destroy only). */
@@ -239,8 +243,9 @@ typedef struct vmm_mapping_table {
 VMM_INTERNAL int vmm_table_init(vmm_mapping_table *t);
 VMM_INTERNAL void vmm_table_fini(vmm_mapping_table *t);
 VMM_INTERNAL vmm_mapping *vmm_table_find(const vmm_mapping_table *t, CUdeviceptr base);
-/* Reserves room for one more record so the next insert cannot fail. */
+/* Reserves room for one (n) more records so that the next inserts cannot fail. */
 VMM_INTERNAL int vmm_table_reserve(vmm_mapping_table *t);
+VMM_INTERNAL int vmm_table_reserve_n(vmm_mapping_table *t, size_t n);
 VMM_INTERNAL void vmm_table_insert(vmm_mapping_table *t, vmm_mapping *m);
 VMM_INTERNAL void vmm_table_remove(vmm_mapping_table *t, CUdeviceptr base);
 /* The record whose extent contains ptr (O(n), error paths only), or NULL. */
@@ -284,11 +289,11 @@ typedef struct vmm_store {
 typedef bool (*vmm_pool_usable_fn)(void *ctx, vmm_mapping *m);
 
 VMM_INTERNAL int vmm_pool_push(vmm_pool *p, vmm_mapping *m);
-/* A pooled mapping larger than `bytes` whose first *k handles make exactly `bytes`, usable
- * (looking at a bounded number of candidates, smallest buckets first); removed and returned,
- * or NULL. */
-VMM_INTERNAL vmm_mapping *vmm_pool_take_prefix(vmm_pool *p, size_t bytes, vmm_pool_usable_fn usable, void *ctx,
-                                               uint32_t *k);
+/* A pooled mapping larger than `bytes` in which *count handles from *first on make exactly
+ * `bytes`, usable (looking at a bounded number of candidates, smallest buckets first; in each,
+ * the first such run); removed and returned, or NULL. */
+VMM_INTERNAL vmm_mapping *vmm_pool_take_run(vmm_pool *p, size_t bytes, vmm_pool_usable_fn usable, void *ctx,
+                                            uint32_t *first, uint32_t *count);
 /* At least n buckets on the spare list, so that the next n pushes cannot fail: -1 on host OOM. */
 VMM_INTERNAL int vmm_pool_reserve(vmm_pool *p, size_t n);
 VMM_INTERNAL void vmm_pool_remove(vmm_pool *p, vmm_mapping *m);
@@ -452,7 +457,7 @@ struct vmm_arena {
   uint64_t physical_bytes, physical_peak, mapped_bytes, mapped_peak;
   uint64_t scope_peak;         /* the physical peak since the active scope began */
   uint64_t high_water;         /* the most physical ever held (no reset): the mark of VMMARENA_REFILL */
-  uint64_t pool_hits, pool_misses, pool_fallbacks, prefix_hits;
+  uint64_t pool_hits, pool_misses, pool_fallbacks, prefix_hits, run_hits;
   uint64_t assemblies, padded_assemblies, assembled_idle_handles, assembly_created_bytes, pooled_taken_apart;
   uint64_t refills;            /* misses given new memory by VMMARENA_REFILL instead of several cached handles */
   uint64_t oom_refusals, limit_refusals, headroom_refusals;

@@ -110,22 +110,22 @@ int vmm_mapping_add_use(vmm_mapping *m, CUstream stream) {
   return 0;
 }
 
-/* In whole-process mode a mapping being pooled on `stream` takes back the tail a prefix hit
- * split off it, if that is pooled, freed on the same stream, used by no other stream, of the
- * same kind, pool and scope: the two are one mapping again. Nothing changes where the host has
- * no memory for the handles. No driver call. */
-static void absorb_tail(vmm_arena *a, vmm_mapping *m, CUstream stream) {
-  vmm_mapping *t = vmm_table_find(&a->table, m->base + m->extent);
-  if (!t || !t->tail || t->state != VMM_MAP_POOLED || t->chosen || m->page || t->kind != m->kind ||
-      t->pool != m->pool || t->scope_id != m->scope_id || t->reservation != m->reservation || t->stream != stream ||
-      t->use_count)
-    return;
+/* Whether pooled-to-be m and pooled t, next to each other, may be one mapping: freed on
+ * `stream`, used by no other stream, of the same kind, pool, scope and reservation. */
+static bool joinable(const vmm_mapping *m, const vmm_mapping *t, CUstream stream) {
+  return t->state == VMM_MAP_POOLED && !t->chosen && !m->page && !t->page && t->kind == m->kind &&
+         t->pool == m->pool && t->scope_id == m->scope_id && t->reservation == m->reservation && t->stream == stream &&
+         !t->use_count;
+}
+
+/* Pooled t, right after m and out of the pool, becomes part of m; its record goes. False
+ * where the host has no memory for the handles: nothing changed. */
+static bool join(vmm_arena *a, vmm_mapping *m, vmm_mapping *t) {
   vmm_handle **hs = malloc((m->handle_count + t->handle_count) * sizeof *hs);
-  if (!hs) return;
+  if (!hs) return false;
   memcpy(hs, m->handles, m->handle_count * sizeof *hs);
   memcpy(hs + m->handle_count, t->handles, t->handle_count * sizeof *hs);
   for (uint32_t i = 0; i < t->handle_count; i++) t->handles[i]->owner = m;
-  vmm_pool_remove(&a->store.pool, t);
   vmm_stat_add(a, t->kind, t->state, t->extent, -1);
   vmm_table_remove(&a->table, t->base);
   vmm_stat_add(a, m->kind, m->state, m->extent, -1);
@@ -137,10 +137,34 @@ static void absorb_tail(vmm_arena *a, vmm_mapping *m, CUstream stream) {
   if (t->handles != &t->first) free(t->handles);
   t->handles = &t->first, t->handle_count = 0; /* its handles are m's now */
   vmm_mapping_free(t);
+  return true;
+}
+
+/* In whole-process mode a mapping being pooled on `stream` takes back the tail an in-place hit
+ * split off it, if that one is pooled and joinable: the two are one mapping again. No driver
+ * call. */
+static void absorb_tail(vmm_arena *a, vmm_mapping *m, CUstream stream) {
+  vmm_mapping *t = vmm_table_find(&a->table, m->base + m->extent);
+  if (!t || !t->tail || !joinable(m, t, stream)) return;
+  vmm_pool_remove(&a->store.pool, t);
+  if (!join(a, m, t)) (void)vmm_pool_push(&a->store.pool, t); /* its bucket went to the spare list */
+}
+
+/* The same the other way: a tail being pooled joins the pooled mapping it was split off after,
+ * if that one still ends where the tail begins. Returns the mapping to pool (m, or the one it
+ * joined, out of the pool). A spare bucket must be reserved. */
+static vmm_mapping *join_before(vmm_arena *a, vmm_mapping *m, CUstream stream) {
+  vmm_mapping *h = m->tail ? vmm_table_find(&a->table, m->before) : NULL;
+  if (!h || h->base + h->extent != m->base || m->use_count || !joinable(m, h, stream)) return m;
+  vmm_pool_remove(&a->store.pool, h);
+  if (join(a, h, m)) return h;
+  (void)vmm_pool_push(&a->store.pool, h); /* its bucket went to the spare list */
+  return m;
 }
 
 int vmm_mapping_pool(vmm_arena *a, vmm_mapping *m, CUstream stream) {
   if (a->cfg.caching) absorb_tail(a, m, stream);
+  if (a->cfg.caching && vmm_pool_reserve(&a->store.pool, 1) == 0) m = join_before(a, m, stream);
   CUstream old_stream = m->stream;
   uint64_t old_epoch = m->free_epoch;
   m->stream = stream;
@@ -236,9 +260,10 @@ void vmm_mapping_split_off(vmm_arena *a, vmm_mapping *m, uint32_t k, vmm_retirin
   vmm_table_insert(&a->table, m); /* the slot just freed: cannot fail */
 }
 
-/* A record for m's handles from k on, in place, with m's kind, pool, tag and free. */
-static vmm_mapping *tail_record(const vmm_mapping *m, uint32_t k, size_t head) {
-  uint32_t n = m->handle_count - k;
+/* A record for m's n handles from k on, in place at `offset` bytes into m, of `bytes`, with m's
+ * kind, pool, tag and free; a tail, split off after the part at `before` bytes into m. */
+static vmm_mapping *part_record(const vmm_mapping *m, uint32_t k, uint32_t n, size_t offset, size_t bytes,
+                                size_t before) {
   vmm_mapping *t = vmm_mapping_new();
   vmm_handle **hs = n > 1 ? malloc(n * sizeof *hs) : NULL;
   CUstream *uses = m->use_count ? malloc(m->use_count * sizeof *uses) : NULL;
@@ -252,29 +277,49 @@ static vmm_mapping *tail_record(const vmm_mapping *m, uint32_t k, size_t head) {
   else t->first = m->handles[k];
   if (uses) memcpy(uses, m->uses, m->use_count * sizeof *uses);
   t->handle_count = n;
-  t->base = m->base + head, t->extent = m->extent - head, t->reservation = m->reservation;
+  t->base = m->base + offset, t->extent = bytes, t->reservation = m->reservation;
   t->kind = m->kind, t->pool = m->pool, t->tag = m->tag, t->scope_id = m->scope_id;
   t->stream = m->stream, t->uses = uses, t->use_count = m->use_count;
   t->free_epoch = m->free_epoch, t->free_seq = m->free_seq;
   t->state = VMM_MAP_POOLED;
   t->tail = true;
+  t->before = m->base + before;
   return t;
 }
 
-vmm_mapping *vmm_mapping_split_tail(vmm_arena *a, vmm_mapping *m, uint32_t k) {
-  vmm_assert(k > 0 && k < m->handle_count && m->state == VMM_MAP_POOLED && !m->page);
-  size_t head = 0;
-  for (uint32_t i = 0; i < k; i++) head += m->handles[i]->size;
-  vmm_mapping *t = vmm_table_reserve(&a->table) ? NULL : tail_record(m, k, head);
-  if (!t) return NULL;
-  vmm_stat_add(a, m->kind, m->state, m->extent, -1);
-  m->handle_count = k;
-  m->extent = head;
-  vmm_stat_add(a, m->kind, m->state, m->extent, +1);
+static size_t handle_bytes(const vmm_mapping *m, uint32_t from, uint32_t to) {
+  size_t bytes = 0;
+  for (uint32_t i = from; i < to; i++) bytes += m->handles[i]->size;
+  return bytes;
+}
+
+static void add_part(vmm_arena *a, vmm_mapping *t) {
   vmm_stat_add(a, t->kind, t->state, t->extent, +1);
   vmm_table_insert(&a->table, t);
   for (uint32_t i = 0; i < t->handle_count; i++) t->handles[i]->owner = t;
-  return t;
+}
+
+vmm_mapping *vmm_mapping_split_run(vmm_arena *a, vmm_mapping *m, uint32_t first, uint32_t count, vmm_mapping **after) {
+  uint32_t end = first + count;
+  vmm_assert(count > 0 && end <= m->handle_count && count < m->handle_count && m->state == VMM_MAP_POOLED && !m->page);
+  size_t before = handle_bytes(m, 0, first), run = handle_bytes(m, first, end);
+  vmm_mapping *r = first ? part_record(m, first, count, before, run, 0) : m;
+  vmm_mapping *t = end < m->handle_count ? part_record(m, end, m->handle_count - end, before + run,
+                                                       m->extent - before - run, before)
+                                         : NULL;
+  if (!r || (end < m->handle_count && !t) || vmm_table_reserve_n(&a->table, (first > 0) + (t != NULL))) {
+    if (r != m) vmm_mapping_free(r);
+    vmm_mapping_free(t);
+    return NULL;
+  }
+  vmm_stat_add(a, m->kind, m->state, m->extent, -1);
+  m->handle_count = first ? first : count;
+  m->extent = first ? before : run;
+  vmm_stat_add(a, m->kind, m->state, m->extent, +1);
+  if (r != m) add_part(a, r);
+  if (t) add_part(a, t);
+  *after = t;
+  return r;
 }
 
 /* m leaves the counters and the table; its handles go, and the record is freed. */

@@ -30,9 +30,10 @@ vmm_mapping *vmm_table_find(const vmm_mapping_table *t, CUdeviceptr base) {
   }
 }
 
-int vmm_table_reserve(vmm_mapping_table *t) {
-  if ((t->count + 1) * 2 <= t->cap) return 0;
+int vmm_table_reserve_n(vmm_mapping_table *t, size_t n) {
+  if ((t->count + n) * 2 <= t->cap) return 0;
   size_t cap = t->cap * 2;
+  while ((t->count + n) * 2 > cap) cap *= 2;
   vmm_mapping **slots = calloc(cap, sizeof *slots);
   if (!slots) return -1;
   for (size_t i = 0; i < t->cap; i++) {
@@ -47,6 +48,8 @@ int vmm_table_reserve(vmm_mapping_table *t) {
   t->cap = cap;
   return 0;
 }
+
+int vmm_table_reserve(vmm_mapping_table *t) { return vmm_table_reserve_n(t, 1); }
 
 void vmm_table_insert(vmm_mapping_table *t, vmm_mapping *m) {
   vmm_assert((t->count + 1) * 2 <= t->cap);

@@ -41,6 +41,7 @@ static void fill(const vmm_arena *a, vmm_snapshot *s) {
   s->retiring_bytes = a->retiring.bytes;
   s->revived_ranges = a->retiring.revived;
   s->refills = a->refills;
+  s->run_hits = a->run_hits;
   s->oom_refusals = a->oom_refusals;
   s->limit_refusals = a->limit_refusals;
   s->headroom_refusals = a->headroom_refusals;
@@ -242,6 +243,7 @@ static const field assembly_fields[] = {
     FIELD(vmm_snapshot, assembly_created_bytes), FIELD(vmm_snapshot, pooled_taken_apart),
     FIELD(vmm_snapshot, pooled_taken_apart_early), FIELD(vmm_snapshot, retiring_ranges), FIELD(vmm_snapshot, prefix_hits),
     FIELD(vmm_snapshot, retiring_bytes), FIELD(vmm_snapshot, revived_ranges), FIELD(vmm_snapshot, refills),
+    FIELD(vmm_snapshot, run_hits),
 };
 
 static const field usage_fields[] = {

@@ -81,22 +81,30 @@ vmm_mapping *vmm_pool_take(vmm_pool *p, size_t lo, size_t hi, vmm_pool_usable_fn
   return NULL;
 }
 
-/* How many of m's first handles make exactly `bytes`; 0 if none do (or all of them). */
-static uint32_t prefix_handles(const vmm_mapping *m, size_t bytes) {
+/* The first run of m's handles that makes exactly `bytes`: its count (0 if none) and *first.
+ * Sizes are positive, so one window slides over the handles. */
+static uint32_t run_handles(const vmm_mapping *m, size_t bytes, uint32_t *first) {
   size_t sum = 0;
-  for (uint32_t i = 0; i + 1 < m->handle_count && sum < bytes; i++)
-    if ((sum += m->handles[i]->size) == bytes) return i + 1;
+  for (uint32_t lo = 0, hi = 0; hi < m->handle_count; hi++) {
+    sum += m->handles[hi]->size;
+    while (sum > bytes) sum -= m->handles[lo++]->size;
+    if (sum == bytes) {
+      *first = lo;
+      return hi - lo + 1;
+    }
+  }
   return 0;
 }
 
-#define PREFIX_SCAN 64 /* pooled mappings looked at, at most, for a prefix */
+#define RUN_SCAN 64 /* pooled mappings looked at, at most, for a run */
 
-vmm_mapping *vmm_pool_take_prefix(vmm_pool *p, size_t bytes, vmm_pool_usable_fn usable, void *ctx, uint32_t *k) {
+vmm_mapping *vmm_pool_take_run(vmm_pool *p, size_t bytes, vmm_pool_usable_fn usable, void *ctx, uint32_t *first,
+                               uint32_t *count) {
   unsigned seen = 0;
-  for (vmm_bucket *b = bucket_of(vmm_avl_ceil(p->root, bytes + 1, 0)); b && seen < PREFIX_SCAN;
+  for (vmm_bucket *b = bucket_of(vmm_avl_ceil(p->root, bytes + 1, 0)); b && seen < RUN_SCAN;
        b = bucket_of(vmm_avl_ceil(p->root, b->size + 1, 0)))
-    for (vmm_mapping *m = b->head; m && seen < PREFIX_SCAN; m = m->pool_next, seen++) {
-      if (m->page || !(*k = prefix_handles(m, bytes)) || !usable(ctx, m)) continue;
+    for (vmm_mapping *m = b->head; m && seen < RUN_SCAN; m = m->pool_next, seen++) { /* larger: fewer than all */
+      if (m->page || !(*count = run_handles(m, bytes, first)) || !usable(ctx, m)) continue;
       vmm_pool_remove(p, m);
       return m;
     }

@@ -193,6 +193,13 @@ static vmm_snapshot snap(vmm_arena *a) {
   return s;
 }
 
+/* The counts of driver calls that change mappings or memory since `from`. */
+static size_t mapping_calls_since(size_t from) {
+  return fake_calls_since(from, VMM_DRV_mem_create) + fake_calls_since(from, VMM_DRV_mem_map) +
+         fake_calls_since(from, VMM_DRV_mem_set_access) + fake_calls_since(from, VMM_DRV_mem_unmap) +
+         fake_calls_since(from, VMM_DRV_mem_release);
+}
+
 /* A smaller request takes a larger pooled mapping's first handles in place, with no driver
  * call but the event that orders another stream after the free; the rest stays pooled. The
  * two merge back when the first part is pooled on the stream that freed the rest, not on
@@ -207,9 +214,7 @@ static void prefix_hit_in_place_and_merged_back(void **state) {
   assert_ptr_equal(h, x);
   size_t record = tu_first_call(from, VMM_DRV_event_record), wait = tu_first_call(from, VMM_DRV_stream_wait_event);
   assert_true(record != SIZE_MAX && wait != SIZE_MAX && record < wait);
-  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create) + fake_calls_since(from, VMM_DRV_mem_map) +
-                       fake_calls_since(from, VMM_DRV_mem_unmap) + fake_calls_since(from, VMM_DRV_mem_set_access),
-                   0);
+  assert_int_equal(mapping_calls_since(from), 0);
   vmm_snapshot sn = snap(a);
   assert_int_equal(sn.prefix_hits, 1);
   assert_int_equal(sn.kind[T].pooled_bytes, 4 * MiB);
@@ -223,6 +228,77 @@ static void prefix_hit_in_place_and_merged_back(void **state) {
   assert_int_equal(sn.kind[T].pooled_bytes, 8 * MiB);
   assert_ptr_equal(alloc_in(a, 8 * MiB, T, S1, 0), x);
   tu_free(a, x, S1);
+  tu_destroy(a);
+}
+
+/* A request takes a run of handles inside a larger pooled mapping, in place, with no driver
+ * call; the handles before and after it stay pooled, each a mapping of its own. Parts freed on
+ * one stream join again, the run with the part after it when the run is pooled, and with the
+ * part before it when that one is pooled first; parts freed on different streams do not. */
+static void run_hit_in_place_between_two_pooled_parts(void **state) {
+  (void)state;
+  vmm_arena *a = whole_handles_arena();
+  void *p8 = alloc_in(a, 8 * MiB, T, S1, 0), *p6 = alloc_in(a, 6 * MiB, T, S1, 0), *p4 = alloc_in(a, 4 * MiB, T, S1, 0);
+  tu_free(a, p8, S1);
+  tu_free(a, p6, S1);
+  tu_free(a, p4, S1);
+  void *z = alloc_in(a, 18 * MiB, T, S1, 0); /* stitched: the 8, then the 6, then the 4 MiB handle */
+  tu_free(a, z, S1);
+  fake_set_events_pending(1); /* z's work not known done: the retired 6 MiB range cannot serve */
+  size_t from = fake_call_count();
+  void *r = alloc_in(a, 6 * MiB, T, S1, 0);
+  assert_ptr_equal(r, (char *)z + 8 * MiB);
+  assert_int_equal(mapping_calls_since(from), 0);
+  vmm_snapshot sn = snap(a);
+  assert_int_equal(sn.run_hits, 1);
+  assert_int_equal(sn.prefix_hits, 0);
+  assert_int_equal(sn.revived_ranges, 0);
+  assert_int_equal(sn.kind[T].pooled_count, 2);
+  assert_int_equal(sn.kind[T].pooled_bytes, 12 * MiB);
+  assert_int_equal(vmm_arena_check(a, NULL, 0), VMM_OK);
+  assert_ptr_equal(alloc_in(a, 8 * MiB, T, S1, 0), z); /* the part before serves as it is */
+  tu_free(a, z, S2);
+  tu_free(a, r, S1); /* takes back the part after it (S1), not the part before (S2) */
+  sn = snap(a);
+  assert_int_equal(sn.kind[T].pooled_count, 2);
+  assert_int_equal(sn.kind[T].pooled_bytes, 18 * MiB);
+  assert_ptr_equal(alloc_in(a, 10 * MiB, T, S1, 0), r);
+  tu_free(a, r, S2); /* now on S2: it joins the part before it */
+  sn = snap(a);
+  assert_int_equal(sn.kind[T].pooled_count, 1);
+  assert_int_equal(sn.kind[T].pooled_bytes, 18 * MiB);
+  assert_int_equal(vmm_arena_check(a, NULL, 0), VMM_OK);
+  assert_ptr_equal(alloc_in(a, 18 * MiB, T, S2, 0), z);
+  assert_int_equal(mapping_calls_since(from), 0);
+  fake_set_events_pending(0);
+  tu_free(a, z, S2);
+  tu_destroy(a);
+}
+
+/* A tail joins the mapping it was split off after only while that one still ends where the
+ * tail begins: here that mapping gave its own tail away meanwhile. */
+static void a_tail_joins_only_the_mapping_it_still_follows(void **state) {
+  (void)state;
+  vmm_arena *a = whole_handles_arena();
+  void *p[4];
+  const size_t mib[4] = {8, 6, 4, 2};
+  for (int i = 0; i < 4; i++) p[i] = alloc_in(a, mib[i] * MiB, T, S1, 0);
+  for (int i = 0; i < 4; i++) tu_free(a, p[i], S1);
+  char *z = alloc_in(a, 20 * MiB, T, S1, 0); /* stitched: 8, 6, 4, 2 */
+  tu_free(a, z, S1);
+  fake_set_events_pending(1); /* z's work not known done: no retired range serves */
+  void *r = alloc_in(a, 4 * MiB, T, S1, 0); /* a run: z keeps 8 + 6, the 2 after stays pooled */
+  assert_ptr_equal(r, z + 14 * MiB);
+  assert_ptr_equal(alloc_in(a, 8 * MiB, T, S1, 0), z); /* a prefix: z keeps 8, its 6 pooled after it */
+  assert_ptr_equal(alloc_in(a, 6 * MiB, T, S2, 0), z + 8 * MiB);
+  tu_free(a, z, S1);
+  tu_free(a, r, S1); /* joins the 2 after it, not z, which ends 6 MiB before it */
+  vmm_snapshot sn = snap(a);
+  assert_int_equal(sn.kind[T].pooled_count, 2);
+  assert_int_equal(sn.kind[T].pooled_bytes, 14 * MiB);
+  assert_int_equal(vmm_arena_check(a, NULL, 0), VMM_OK);
+  fake_set_events_pending(0);
+  tu_free(a, z + 8 * MiB, S2);
   tu_destroy(a);
 }
 
@@ -300,13 +376,6 @@ static void assembly_takes_apart_early_and_the_old_ranges_retire(void **state) {
   tu_destroy(a);
 }
 
-/* The counts of driver calls that change mappings or memory since `from`. */
-static size_t mapping_calls_since(size_t from) {
-  return fake_calls_since(from, VMM_DRV_mem_create) + fake_calls_since(from, VMM_DRV_mem_map) +
-         fake_calls_since(from, VMM_DRV_mem_set_access) + fake_calls_since(from, VMM_DRV_mem_unmap) +
-         fake_calls_since(from, VMM_DRV_mem_release);
-}
-
 /* A 4 MiB and a 6 MiB mapping on S1, freed: pooled, one handle each (whole_handles_arena). */
 static void two_freed(vmm_arena *a, void **x, void **y) {
   *x = alloc_in(a, 4 * MiB, T, S1, 0);
@@ -350,7 +419,7 @@ static void a_retired_range_serves_again(void **state) {
 
 /* Served again on another stream: that stream is ordered after the givers' frees by an event,
  * with no host wait. A giver whose other handles would go idle before its work is known done
- * gives nothing: the request is assembled instead. */
+ * gives nothing: a run of its handles serves in place instead, ordered the same way. */
 static void a_retired_range_keeps_stream_order(void **state) {
   (void)state;
   vmm_arena *a = whole_handles_arena();
@@ -359,17 +428,26 @@ static void a_retired_range_keeps_stream_order(void **state) {
   void *z = alloc_in(a, 10 * MiB, T, S1, 0);
   tu_free(a, z, S1);
   fake_set_events_pending(1); /* z's work not known done: its handle of y would go idle early */
+  size_t from = fake_call_count();
   void *w = alloc_in(a, 4 * MiB, T, S2, 0);
-  assert_true(w != x);
+  assert_ptr_equal(w, (char *)z + 6 * MiB); /* x's handle, in place in z after y's */
   assert_int_equal(snap(a).revived_ranges, 0);
+  assert_int_equal(snap(a).run_hits, 1);
+  assert_int_equal(mapping_calls_since(from), 0);
+  assert_true(fake_calls_since(from, VMM_DRV_stream_wait_event) >= 1); /* S2 after S1 */
+  tu_free(a, w, S2);
   fake_set_events_pending(0);
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK); /* again, up to x and y in their own ranges */
+  two_freed(a, &x, &y);
+  z = alloc_in(a, 10 * MiB, T, S1, 0);
+  tu_free(a, z, S1);
   assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
   assert_ptr_equal(alloc_in(a, 4 * MiB, T, S1, 0), x);
   assert_ptr_equal(alloc_in(a, 6 * MiB, T, S1, 0), y);
   tu_free(a, x, S1);
   tu_free(a, y, S1);
   fake_set_events_pending(1); /* x and y lie wholly inside z: they give, in stream order */
-  size_t from = fake_call_count();
+  from = fake_call_count();
   assert_ptr_equal(alloc_in(a, 10 * MiB, T, S2, 0), z);
   assert_int_equal(fake_calls_since(from, VMM_DRV_stream_synchronize), 0);
   assert_int_equal(mapping_calls_since(from), 0);
@@ -377,7 +455,6 @@ static void a_retired_range_keeps_stream_order(void **state) {
   assert_int_equal(snap(a).revived_ranges, 3);
   assert_int_equal(vmm_arena_check(a, NULL, 0), VMM_OK);
   tu_free(a, z, S2);
-  tu_free(a, w, S2);
   tu_destroy(a);
 }
 
@@ -712,9 +789,7 @@ static void a_graph_reuses_its_memory_in_new_ranges(void **state) {
   from = fake_call_count();
   void *z = alloc_in(a, 4 * MiB, T, S1, 7); /* smaller than y: y's first handles, in place */
   assert_ptr_equal(z, y);
-  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create) + fake_calls_since(from, VMM_DRV_mem_map) +
-                       fake_calls_since(from, VMM_DRV_mem_unmap) + fake_calls_since(from, VMM_DRV_mem_set_access),
-                   0);
+  assert_int_equal(mapping_calls_since(from), 0);
   vmm_snapshot sn = snap(a);
   assert_int_equal(sn.prefix_hits, 1);
   assert_int_equal(sn.retiring_ranges, 1);            /* x's range */
@@ -1094,6 +1169,8 @@ int main(void) {
       cmocka_unit_test(exact_hit_outside_a_scope),
       cmocka_unit_test(cross_stream_hit_waits_on_an_event),
       cmocka_unit_test(prefix_hit_in_place_and_merged_back),
+      cmocka_unit_test(run_hit_in_place_between_two_pooled_parts),
+      cmocka_unit_test(a_tail_joins_only_the_mapping_it_still_follows),
       cmocka_unit_test(assembly_takes_apart_early_and_the_old_ranges_retire),
       cmocka_unit_test(a_retired_range_serves_again),
       cmocka_unit_test(a_retired_range_keeps_stream_order),
