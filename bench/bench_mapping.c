@@ -2,14 +2,16 @@
  *
  *   per handle   64 MiB mapped as 1 handle, as 4 and as 32 handles back to back
  *   per piece    one 64 MiB handle mapped as 4 and as 32 pieces (cuMemMap at an offset into it)
- *   beside       a thread launching small async memsets while another maps and unmaps
+ *   beside       launches of small async memsets, and map cycles, on one thread while another
+ *                maps and unmaps
  *
  * Each row is the median over the repetitions of each phase: the cuMemMap calls, the one
  * cuMemSetAccess, the one cuMemUnmap. Whether the driver maps part of a handle is probed
  * first (driver 580 refuses an offset: CUDA_ERROR_NOT_SUPPORTED), and the piece layouts run
  * only where it does; bytes written through the whole handle's mapping must then read back
- * through the pieces mapped in reverse order, or the benchmark stops with exit 1. The last part says whether mapping work on one thread
- * slows the launches of another (the question behind unmapping off the allocation path).
+ * through the pieces mapped in reverse order, or the benchmark stops with exit 1. The last
+ * part says whether mapping work on one thread slows the launches or the mapping work of
+ * another (the question behind unmapping off the allocation path).
  * Needs an NVIDIA GPU with about 400 MiB free. */
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -154,14 +156,14 @@ static bool probe_pieces(CUdeviceptr whole, CUdeviceptr reversed) {
   return true;
 }
 
-/* ---- Launches beside mapping work ----------------------------------------------------- */
+/* ---- Work beside mapping work on another thread ------------------------------------- */
 
 typedef struct background {
   CUcontext ctx;
-  layout *l;
+  const layout *l;
   CUdeviceptr va;
   atomic_bool stop;
-  long cycles;
+  atomic_long cycles;
 } background;
 
 static void *map_loop(void *arg) {
@@ -169,53 +171,70 @@ static void *map_loop(void *arg) {
   CU(cuCtxSetCurrent(b->ctx));
   while (!atomic_load(&b->stop)) {
     cycle(b->l, b->va, NULL);
-    b->cycles++;
+    atomic_fetch_add(&b->cycles, 1);
   }
   return NULL;
 }
 
 /* Microseconds per async launch (a 4 KiB memset) over LAUNCHES of them, the host side only. */
-static double launch_us(cudaStream_t s, void *buf) {
+typedef struct launches {
+  cudaStream_t stream;
+  void *buf;
+} launches;
+
+static double launch_us(void *arg) {
+  launches *l = arg;
   double t0 = now_us();
-  for (int i = 0; i < LAUNCHES; i++) RT(cudaMemsetAsync(buf, i & 0xff, 4096, s));
+  for (int i = 0; i < LAUNCHES; i++) RT(cudaMemsetAsync(l->buf, i & 0xff, 4096, l->stream));
   double us = (now_us() - t0) / LAUNCHES;
-  RT(cudaStreamSynchronize(s));
+  RT(cudaStreamSynchronize(l->stream));
   return us;
 }
 
-static void launches_beside(layout *l, CUdeviceptr va) {
-  cudaStream_t s;
-  void *buf;
-  RT(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  RT(cudaMalloc(&buf, 4096));
-  (void)launch_us(s, buf); /* warm-up */
-  double alone[5], beside[5];
-  long cycles = 0;
+/* The median microseconds of 20 map + access + unmap cycles of a layout. */
+typedef struct cycles {
+  const layout *l;
+  CUdeviceptr va;
+} cycles;
+
+static double cycle_us(void *arg) {
+  cycles *c = arg;
+  double t[20];
+  for (int i = 0; i < 20; i++) {
+    double t0 = now_us();
+    cycle(c->l, c->va, NULL);
+    t[i] = now_us() - t0;
+  }
+  return median(t, 20);
+}
+
+/* `probe` measured alone and while another thread maps and unmaps `bg` at `va` without
+ * pause, 5 rounds each; prints the medians and their ratio. */
+static void beside(const char *what, double (*probe)(void *), void *arg, const layout *bg, CUdeviceptr va) {
+  (void)probe(arg); /* warm-up */
+  double alone[5], with[5];
+  long ran = 0;
   for (int k = 0; k < 5; k++) {
-    alone[k] = launch_us(s, buf);
-    background b = {.l = l, .va = va};
+    alone[k] = probe(arg);
+    background b = {.l = bg, .va = va};
     CU(cuCtxGetCurrent(&b.ctx));
     atomic_init(&b.stop, false);
+    atomic_init(&b.cycles, 0);
     pthread_t t;
     if (pthread_create(&t, NULL, map_loop, &b)) {
       fprintf(stderr, "bench_mapping: pthread_create failed\n");
       exit(1);
     }
     double t0 = now_us();
-    while (b.cycles < 2 && now_us() - t0 < 1e6) /* the other thread is mapping */
+    while (atomic_load(&b.cycles) < 2 && now_us() - t0 < 1e6) /* the other thread is mapping */
       ;
-    beside[k] = launch_us(s, buf);
+    with[k] = probe(arg);
     atomic_store(&b.stop, true);
     pthread_join(t, NULL);
-    cycles += b.cycles;
+    ran += atomic_load(&b.cycles);
   }
-  double a = median(alone, 5), bs = median(beside, 5);
-  printf("\nlaunches: median us per async 4 KiB memset launch, %d launches, 5 rounds\n\n", LAUNCHES);
-  printf("| alone | beside %s map/unmap cycles on another thread | beside/alone | cycles run |\n", l->name);
-  printf("|------:|------:|------:|------:|\n");
-  printf("| %.2f | %.2f | %.2f | %ld |\n", a, bs, bs / a, cycles);
-  RT(cudaFree(buf));
-  RT(cudaStreamDestroy(s));
+  double a = median(alone, 5), w = median(with, 5);
+  printf("| %s | %.2f | %.2f | %.2f | %ld |\n", what, a, w, w / a, ran);
 }
 
 int main(void) {
@@ -232,8 +251,8 @@ int main(void) {
     fprintf(stderr, "bench_mapping: granularity %zu does not divide %zu\n", granularity, TOTAL / MAX_PARTS);
     return 1;
   }
-  CUdeviceptr va[2];
-  for (int i = 0; i < 2; i++) CU(cuMemAddressReserve(&va[i], TOTAL, granularity, 0, 0));
+  CUdeviceptr va[3];
+  for (int i = 0; i < 3; i++) CU(cuMemAddressReserve(&va[i], TOTAL, granularity, 0, 0));
   int driver = 0;
   cudaDriverGetVersion(&driver);
   struct cudaDeviceProp dp;
@@ -264,9 +283,20 @@ int main(void) {
     printf("| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |\n", l->name, median(map, REPS), median(acc, REPS),
            median(unmap, REPS), c, c / l->parts, c / one);
   }
-  launches_beside(&layouts[2], va[0]); /* 32 handles: a stitched range */
+  printf("\nbeside: median us alone and while another thread maps and unmaps %s without pause, 5 rounds\n\n",
+         layouts[2].name);
+  printf("| work on this thread | alone | beside | beside/alone | cycles of the other thread |\n");
+  printf("|---|---:|---:|---:|---:|\n");
+  launches l = {0};
+  RT(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
+  RT(cudaMalloc(&l.buf, 4096));
+  beside("one async 4 KiB memset launch", launch_us, &l, &layouts[2], va[0]);
+  cycles c = {&layouts[1], va[2]};
+  beside("one map + access + unmap cycle of 4 handles", cycle_us, &c, &layouts[2], va[0]);
+  RT(cudaFree(l.buf));
+  RT(cudaStreamDestroy(l.stream));
   for (size_t k = 0; k < n; k++)
     if (!layouts[k].pieces || pieces) layout_release(&layouts[k]);
-  for (int i = 0; i < 2; i++) CU(cuMemAddressFree(va[i], TOTAL));
+  for (int i = 0; i < 3; i++) CU(cuMemAddressFree(va[i], TOTAL));
   return 0;
 }
