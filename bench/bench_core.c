@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_stats.h"
 #include "fake_driver.h"
 #include "vmmarena.h"
 
@@ -37,15 +38,6 @@ static uint64_t driver_ns(vmm_arena *a) {
   return ns;
 }
 
-static int compare_doubles(const void *x, const void *y) {
-  double a = *(const double *)x, b = *(const double *)y;
-  return (a > b) - (a < b);
-}
-
-static double median(double *v, size_t n) {
-  qsort(v, n, sizeof *v, compare_doubles);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 typedef struct level_result {
   size_t live;
@@ -101,7 +93,7 @@ int main(void) {
     if (run_batch(a, stream, &total[0], &driver[0], &own[0])) return 1; /* warm-up */
     for (int b = 0; b < BATCHES; b++)
       if (run_batch(a, stream, &total[b], &driver[b], &own[b])) return 1;
-    results[l] = (level_result){n, median(total, BATCHES), median(driver, BATCHES), median(own, BATCHES)};
+    results[l] = (level_result){n, bench_median(total, BATCHES), bench_median(driver, BATCHES), bench_median(own, BATCHES)};
   }
 
   printf("core alloc+free pair outside a scope: %zu MiB transient, fake driver, median of %d batches of %d pairs\n",

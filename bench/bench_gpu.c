@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_stats.h"
 #include "vmmarena.h"
 
 #define MIB ((size_t)1 << 20)
@@ -39,21 +40,6 @@ static const bench_size sizes[] = {{2 * MIB, 2000}, {32 * MIB, 1000}, {512 * MIB
 enum { M_HIT, M_MISS, M_RAW, M_MALLOC, M_ASYNC, METHOD_COUNT };
 static const char *const method_names[METHOD_COUNT] = {"hit", "miss", "raw VMM", "cudaMalloc", "mallocAsync"};
 
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 static void fail_cu(const char *what, CUresult r, size_t bytes) {
   const char *name = NULL;
@@ -131,12 +117,12 @@ static double measure(void (*pair)(ctx *, size_t), ctx *c, size_t bytes, int rep
   static double samples[MAX_REPS];
   pair(c, bytes);
   for (int i = 0; i < reps; i++) {
-    double t0 = now_us();
+    double t0 = bench_now_us();
     pair(c, bytes);
-    samples[i] = now_us() - t0;
+    samples[i] = bench_now_us() - t0;
   }
   RT(cudaStreamSynchronize(c->stream), bytes);
-  return median(samples, reps);
+  return bench_median(samples, reps);
 }
 
 static const char *size_name(size_t bytes, char buf[16]) {
@@ -169,12 +155,12 @@ static void assembly_costs(size_t granularity, cudaStream_t stream) {
     const int reps = 50;
     void *p = NULL;
     for (int i = 0; i < reps; i++) { /* outside a scope: create, map, grant; unmap, release */
-      double t0 = now_us();
+      double t0 = bench_now_us();
       VMM(vmm_arena_alloc(a, bytes, VMM_KIND_PACKAGE, s, &p), a, bytes);
       VMM(vmm_arena_free(a, p, s), a, bytes);
-      samples[i] = now_us() - t0;
+      samples[i] = bench_now_us() - t0;
     }
-    double miss = median(samples, reps);
+    double miss = bench_median(samples, reps);
     VMM(vmm_retention_begin(a), a, bytes);
     void *handles[256];
     for (int i = 0; i < n; i++) VMM(vmm_arena_alloc(a, granularity, VMM_KIND_PACKAGE, s, &handles[i]), a, bytes);
@@ -182,13 +168,13 @@ static void assembly_costs(size_t granularity, cudaStream_t stream) {
     vmm_snapshot before, after;
     VMM(vmm_arena_snapshot(a, &before), a, bytes);
     for (int i = 0; i < reps; i++) {
-      double t0 = now_us();
+      double t0 = bench_now_us();
       VMM(vmm_arena_alloc(a, bytes, VMM_KIND_PACKAGE, s, &p), a, bytes);
       VMM(vmm_arena_free(a, p, s), a, bytes);
-      samples[i] = now_us() - t0;
+      samples[i] = bench_now_us() - t0;
     }
     VMM(vmm_arena_snapshot(a, &after), a, bytes);
-    double assembled = median(samples, reps);
+    double assembled = bench_median(samples, reps);
     if (after.driver[VMM_DRV_mem_create].calls != before.driver[VMM_DRV_mem_create].calls ||
         after.assemblies - before.assemblies != (uint64_t)reps) {
       fprintf(stderr, "bench_gpu: assembly of %d handles created memory or did not assemble\n", n);

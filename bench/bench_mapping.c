@@ -24,27 +24,14 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_stats.h"
+
 #define MIB ((size_t)1 << 20)
 #define TOTAL (64 * MIB)
 #define MAX_PARTS 32
 #define REPS 40
 #define LAUNCHES 4000
 
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 static void check_cu(CUresult r, const char *what, int line) {
   if (r == CUDA_SUCCESS) return;
@@ -97,13 +84,13 @@ typedef struct phases {
 /* One map + access + unmap cycle of l at va, each phase timed into t. */
 static void cycle(const layout *l, CUdeviceptr va, phases *t) {
   size_t part = TOTAL / (size_t)l->parts;
-  double t0 = now_us();
+  double t0 = bench_now_us();
   for (int i = 0; i < l->parts; i++) CU(map_part(l, va + (size_t)i * part, i));
-  double t1 = now_us();
+  double t1 = bench_now_us();
   CU(cuMemSetAccess(va, TOTAL, &access_desc, 1));
-  double t2 = now_us();
+  double t2 = bench_now_us();
   CU(cuMemUnmap(va, TOTAL));
-  double t3 = now_us();
+  double t3 = bench_now_us();
   if (t) t->map = t1 - t0, t->access = t2 - t1, t->unmap = t3 - t2;
 }
 
@@ -184,9 +171,9 @@ typedef struct launches {
 
 static double launch_us(void *arg) {
   launches *l = arg;
-  double t0 = now_us();
+  double t0 = bench_now_us();
   for (int i = 0; i < LAUNCHES; i++) RT(cudaMemsetAsync(l->buf, i & 0xff, 4096, l->stream));
-  double us = (now_us() - t0) / LAUNCHES;
+  double us = (bench_now_us() - t0) / LAUNCHES;
   RT(cudaStreamSynchronize(l->stream));
   return us;
 }
@@ -201,11 +188,11 @@ static double cycle_us(void *arg) {
   cycles *c = arg;
   double t[20];
   for (int i = 0; i < 20; i++) {
-    double t0 = now_us();
+    double t0 = bench_now_us();
     cycle(c->l, c->va, NULL);
-    t[i] = now_us() - t0;
+    t[i] = bench_now_us() - t0;
   }
-  return median(t, 20);
+  return bench_median(t, 20);
 }
 
 /* `probe` measured alone and while another thread maps and unmaps `bg` at `va` without
@@ -225,15 +212,15 @@ static void beside(const char *what, double (*probe)(void *), void *arg, const l
       fprintf(stderr, "bench_mapping: pthread_create failed\n");
       exit(1);
     }
-    double t0 = now_us();
-    while (atomic_load(&b.cycles) < 2 && now_us() - t0 < 1e6) /* the other thread is mapping */
+    double t0 = bench_now_us();
+    while (atomic_load(&b.cycles) < 2 && bench_now_us() - t0 < 1e6) /* the other thread is mapping */
       ;
     with[k] = probe(arg);
     atomic_store(&b.stop, true);
     pthread_join(t, NULL);
     ran += atomic_load(&b.cycles);
   }
-  double a = median(alone, 5), w = median(with, 5);
+  double a = bench_median(alone, 5), w = bench_median(with, 5);
   printf("| %s | %.2f | %.2f | %.2f | %ld |\n", what, a, w, w / a, ran);
 }
 
@@ -278,10 +265,10 @@ int main(void) {
       cycle(l, va[0], &t);
       map[r] = t.map, acc[r] = t.access, unmap[r] = t.unmap, total[r] = t.map + t.access + t.unmap;
     }
-    double c = median(total, REPS);
+    double c = bench_median(total, REPS);
     if (k == 0) one = c;
-    printf("| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |\n", l->name, median(map, REPS), median(acc, REPS),
-           median(unmap, REPS), c, c / l->parts, c / one);
+    printf("| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |\n", l->name, bench_median(map, REPS), bench_median(acc, REPS),
+           bench_median(unmap, REPS), c, c / l->parts, c / one);
   }
   printf("\nbeside: median us alone and while another thread maps and unmaps %s without pause, 5 rounds\n\n",
          layouts[2].name);

@@ -36,6 +36,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "bench_stats.h"
 #include "fake_driver.h"
 #include "internal.h"
 #include "vmmarena.h"
@@ -66,15 +67,6 @@ static double now_s(void) {
 
 static double gbps(size_t bytes, double s) { return s > 0 ? (double)bytes / s / 1e9 : 0; }
 
-static int cmp_double(const void *a, const void *b) {
-  double u = *(const double *)a, v = *(const double *)b;
-  return (u > v) - (u < v);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return v[n / 2];
-}
 
 /* The "KEY: N kB" line of a /proc file, in KiB; -1 if it cannot be read. */
 static long long proc_kib(const char *path, const char *format) {
@@ -215,8 +207,8 @@ static int cycles(vmm_arena *a, size_t n, size_t bytes, result *r) {
     r->cycle[0][c] = gbps(n * bytes, t[0][c]), r->cycle[1][c] = gbps(n * bytes, t[1][c]);
   }
   r->rss[2] = rss();
-  r->pause = gbps(n * bytes, median(t[0], CYCLES));
-  r->resume = gbps(n * bytes, median(t[1], CYCLES));
+  r->pause = gbps(n * bytes, bench_median(t[0], CYCLES));
+  r->resume = gbps(n * bytes, bench_median(t[1], CYCLES));
   r->staging_ms = staging_ms(a) / CYCLES;
   return 0;
 }
@@ -386,8 +378,8 @@ static int design_cycles(int design, void *const *p, size_t n, size_t bytes, res
       if (save && scrub(p, n, bytes)) return -1;
     }
   r->rss[2] = rss();
-  r->pause = gbps(n * bytes, median(t[0], CYCLES));
-  r->resume = gbps(n * bytes, median(t[1], CYCLES));
+  r->pause = gbps(n * bytes, bench_median(t[0], CYCLES));
+  r->resume = gbps(n * bytes, bench_median(t[1], CYCLES));
   return 0;
 }
 
