@@ -244,9 +244,15 @@ vmm_status vmm_mapping_drop_handles(vmm_arena *a, vmm_mapping *m, bool retain) {
   return st;
 }
 
+/* The bytes of m's handles [from, to). */
+static size_t handle_bytes(const vmm_mapping *m, uint32_t from, uint32_t to) {
+  size_t bytes = 0;
+  for (uint32_t i = from; i < to; i++) bytes += m->handles[i]->size;
+  return bytes;
+}
+
 void vmm_mapping_split_off(vmm_arena *a, vmm_mapping *m, uint32_t k, vmm_retiring_range *range) {
-  size_t size = 0;
-  for (uint32_t i = 0; i < k; i++) size += m->handles[i]->size;
+  size_t size = handle_bytes(m, 0, k);
   vmm_assert(k > 0 && k < m->handle_count);
   *range = (vmm_retiring_range){m->base, size, m->reservation, m->pool, {m->stream, NULL, 0, m->free_epoch, m->free_seq}};
   vmm_stat_add(a, m->kind, m->state, m->extent, -1);
@@ -285,12 +291,6 @@ static vmm_mapping *part_record(const vmm_mapping *m, uint32_t k, uint32_t n, si
   t->tail = true;
   t->before = m->base + before;
   return t;
-}
-
-static size_t handle_bytes(const vmm_mapping *m, uint32_t from, uint32_t to) {
-  size_t bytes = 0;
-  for (uint32_t i = from; i < to; i++) bytes += m->handles[i]->size;
-  return bytes;
 }
 
 static void add_part(vmm_arena *a, vmm_mapping *t) {
