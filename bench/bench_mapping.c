@@ -4,6 +4,8 @@
  *   per piece    one 64 MiB handle mapped as 4 and as 32 pieces (cuMemMap at an offset into it)
  *   beside       launches of small async memsets, and map cycles, on one thread while another
  *                maps and unmaps
+ *   behind       each mapping call made while a stream has milliseconds of work queued: whether
+ *                the call returns at once or waits for the queue to drain
  *
  * Each row is the median over the repetitions of each phase: the cuMemMap calls, the one
  * cuMemSetAccess, the one cuMemUnmap. Whether the driver maps part of a handle is probed
@@ -224,6 +226,88 @@ static void beside(const char *what, double (*probe)(void *), void *arg, const l
   printf("| %s | %.2f | %.2f | %.2f | %ld |\n", what, a, w, w / a, ran);
 }
 
+/* ---- Mapping calls behind queued work ------------------------------------------------ */
+
+#define BEHIND_REPS 10
+#define BEHIND_MEMSETS 40
+
+typedef struct queue {
+  CUstream stream;
+  CUdeviceptr buf;
+  size_t bytes;
+} queue;
+
+/* Queues BEHIND_MEMSETS memsets of the whole buffer: some milliseconds of device work. */
+static void queue_work(const queue *q) {
+  for (int i = 0; i < BEHIND_MEMSETS; i++) CU(cuMemsetD8Async(q->buf, (unsigned char)i, q->bytes, q->stream));
+}
+
+enum { STEP_CREATE, STEP_MAP, STEP_ACCESS, STEP_UNMAP, STEP_RELEASE, STEPS };
+static const char *const step_names[STEPS] = {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease"};
+
+/* One handle's life at va, each step timed into us[]; with q, each step is made right after
+ * queueing work on q->stream, and drained[] counts the steps after which that work was done. */
+static void handle_life(const queue *q, CUdeviceptr va, size_t bytes, double us[STEPS], int drained[STEPS]) {
+  CUmemGenericAllocationHandle h = 0;
+  for (int step = 0; step < STEPS; step++) {
+    if (q) queue_work(q);
+    double t0 = bench_now_us();
+    switch (step) {
+    case STEP_CREATE: CU(cuMemCreate(&h, bytes, &prop, 0)); break;
+    case STEP_MAP: CU(cuMemMap(va, bytes, 0, h, 0)); break;
+    case STEP_ACCESS: CU(cuMemSetAccess(va, bytes, &access_desc, 1)); break;
+    case STEP_UNMAP: CU(cuMemUnmap(va, bytes)); break;
+    case STEP_RELEASE: CU(cuMemRelease(h)); break;
+    }
+    us[step] = bench_now_us() - t0;
+    if (q) {
+      CUresult r = cuStreamQuery(q->stream);
+      if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) CU(r);
+      drained[step] += r == CUDA_SUCCESS;
+      CU(cuStreamSynchronize(q->stream));
+    }
+  }
+}
+
+/* Whether each mapping call waits for work queued on a stream that never touches the mapping:
+ * the call's median time idle and behind the queue, and how often the queue had drained when it
+ * returned. A call that waits stalls the allocation path for the device's whole queue. */
+static void behind(CUdeviceptr va) {
+  queue q = {.bytes = 1024 * MIB};
+  CU(cuStreamCreate(&q.stream, CU_STREAM_NON_BLOCKING));
+  CU(cuMemAlloc(&q.buf, q.bytes));
+  double queued[BEHIND_REPS];
+  for (int r = 0; r < BEHIND_REPS; r++) {
+    double t0 = bench_now_us();
+    queue_work(&q);
+    CU(cuStreamSynchronize(q.stream));
+    queued[r] = bench_now_us() - t0;
+  }
+  double queue_ms = bench_median(queued, BEHIND_REPS) / 1000;
+  if (queue_ms < 2.0) { /* a queue that drains within a call's own time could not show a wait */
+    fprintf(stderr, "bench_mapping: the queued work took %.2f ms, too little to tell a wait from a call\n", queue_ms);
+    exit(1);
+  }
+  printf("\nbehind: %d memsets of 1 GiB queued on a non-blocking stream take %.1f ms; one handle's calls in us, "
+         "median over %d rounds\n\n", BEHIND_MEMSETS, queue_ms, BEHIND_REPS);
+  printf("| call | idle, 2 MiB handle | idle, 64 MiB | behind the queue, 64 MiB | queue done on return |\n");
+  printf("|---|---:|---:|---:|---:|\n");
+  double small[STEPS][BEHIND_REPS], idle[STEPS][BEHIND_REPS], busy[STEPS][BEHIND_REPS];
+  int drained[STEPS] = {0};
+  for (int r = 0; r < BEHIND_REPS; r++) {
+    double a[STEPS], b[STEPS], c[STEPS];
+    handle_life(NULL, va, 2 * MIB, c, NULL);
+    handle_life(NULL, va, TOTAL, a, NULL);
+    handle_life(&q, va, TOTAL, b, drained);
+    for (int s = 0; s < STEPS; s++) small[s][r] = c[s], idle[s][r] = a[s], busy[s][r] = b[s];
+  }
+  for (int s = 0; s < STEPS; s++)
+    printf("| %s | %.1f | %.1f | %.1f | %d of %d |\n", step_names[s], bench_median(small[s], BEHIND_REPS),
+           bench_median(idle[s], BEHIND_REPS), bench_median(busy[s], BEHIND_REPS), drained[s], BEHIND_REPS);
+  CU(cuMemFree(q.buf));
+  CU(cuStreamDestroy(q.stream));
+}
+
 int main(void) {
   RT(cudaSetDevice(0));
   RT(cudaFree(0)); /* creates the primary context and makes it current */
@@ -282,6 +366,7 @@ int main(void) {
   beside("one map + access + unmap cycle of 4 handles", cycle_us, &c, &layouts[2], va[0]);
   RT(cudaFree(l.buf));
   RT(cudaStreamDestroy(l.stream));
+  behind(va[2]);
   for (size_t k = 0; k < n; k++)
     if (!layouts[k].pieces || pieces) layout_release(&layouts[k]);
   for (int i = 0; i < 3; i++) CU(cuMemAddressFree(va[i], TOTAL));

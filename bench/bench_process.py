@@ -229,12 +229,12 @@ def run_jobs(jobs, library, tmp):
 
 
 def driver_summary(r):
-    """The arena's driver time and its two largest entries, if it counted them."""
+    """The arena's driver time and the entries that took at least 2% of it, if it counted them."""
     drv = r.get("driver")
     if not drv:
         return ""
     total = sum(e["ns"] for e in drv.values()) / 1e9
-    top = sorted(drv.items(), key=lambda kv: -kv[1]["ns"])[:2]
+    top = [kv for kv in sorted(drv.items(), key=lambda kv: -kv[1]["ns"]) if kv[1]["ns"] >= 0.02 * total * 1e9]
     parts = ", ".join(f"{name} {e['calls']} x {e['ns'] / max(e['calls'], 1) / 1e3:.0f} us" for name, e in top)
     refills = (r.get("pool") or {}).get("refills")
     return f"; driver {total:.2f} s ({parts})" + (f", {refills} refills" if refills else "")
