@@ -29,7 +29,7 @@ static size_t reuse_limit(const vmm_arena *a, const vmm_request *req) {
   size_t rounded = req->rounded;
   if (req->exact) return rounded;
   if (a->cfg.reuse == VMM_REUSE_BEST_FIT) return SIZE_MAX;
-  if (a->cfg.reuse != VMM_REUSE_BOUNDED) return rounded;
+  if (a->cfg.reuse != VMM_REUSE_BOUNDED) return rounded + vmm_pooled_overshoot(a, rounded); /* exact */
   double bound = (double)rounded * a->cfg.reuse_bound;
   return bound >= (double)SIZE_MAX ? SIZE_MAX : (size_t)bound;
 }
@@ -59,15 +59,16 @@ static vmm_status from_pool(vmm_arena *a, const vmm_request *req, vmm_mapping **
   return *out ? VMM_OK : NOTHING;
 }
 
-/* Whole-process mode: a run of a larger pooled mapping's handles, in place, where they make
- * exactly the request; those before and after it stay pooled (no driver call, as a caching
- * allocator splits a block). */
+/* Whole-process mode: a run of a larger pooled mapping's handles, in place, where they make the
+ * request (outside a scope, up to 1/32 more); those before and after it stay pooled (no driver
+ * call, as a caching allocator splits a block). */
 static vmm_status from_pool_run(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
   if (!a->cfg.caching || !pooling(a, req) || a->cfg.reuse != VMM_REUSE_EXACT) return NOTHING;
   if (vmm_pool_reserve(&a->store.pool, 2)) return NOTHING;
   hit_ctx c = {{a, req->stream, -1}, req->kind, req->pool};
   uint32_t first, count;
-  vmm_mapping *m = vmm_pool_take_run(&a->store.pool, req->rounded, hit_usable, &c, &first, &count), *after = NULL;
+  vmm_mapping *m = vmm_pool_take_run(&a->store.pool, req->rounded, reuse_limit(a, req), hit_usable, &c, &first, &count);
+  vmm_mapping *after = NULL;
   if (!m) return NOTHING;
   vmm_mapping *run = vmm_mapping_split_run(a, m, first, count, &after);
   if (run != m) (void)vmm_pool_push(&a->store.pool, m); /* spare buckets were reserved */

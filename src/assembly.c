@@ -80,10 +80,6 @@ static vmm_mapping *pick_apart(vmm_arena *a, const plan *p, size_t left, bool pa
   return NULL;
 }
 
-/* Whole-process mode: a cached handle up to 1/32 of the request larger than what is left serves
- * the rest, where new memory would be created otherwise. */
-#define VMM_OVERSHOOT_SHARE 32
-
 static void plan_use(plan *p, vmm_handle *h, size_t *left) {
   h->taken = true;
   p->use[p->n_use++] = h;

@@ -289,11 +289,11 @@ typedef struct vmm_store {
 typedef bool (*vmm_pool_usable_fn)(void *ctx, vmm_mapping *m);
 
 VMM_INTERNAL int vmm_pool_push(vmm_pool *p, vmm_mapping *m);
-/* A pooled mapping larger than `bytes` in which *count handles from *first on make exactly
- * `bytes`, usable (looking at a bounded number of candidates, smallest buckets first; in each,
- * the first such run); removed and returned, or NULL. */
-VMM_INTERNAL vmm_mapping *vmm_pool_take_run(vmm_pool *p, size_t bytes, vmm_pool_usable_fn usable, void *ctx,
-                                            uint32_t *first, uint32_t *count);
+/* A pooled mapping larger than `bytes` in which *count handles from *first on make from `bytes`
+ * to `most` bytes, usable (looking at a bounded number of candidates, smallest buckets first; in
+ * each, the first such run); removed and returned, or NULL. */
+VMM_INTERNAL vmm_mapping *vmm_pool_take_run(vmm_pool *p, size_t bytes, size_t most, vmm_pool_usable_fn usable,
+                                            void *ctx, uint32_t *first, uint32_t *count);
 /* At least n buckets on the spare list, so that the next n pushes cannot fail: -1 on host OOM. */
 VMM_INTERNAL int vmm_pool_reserve(vmm_pool *p, size_t n);
 VMM_INTERNAL void vmm_pool_remove(vmm_pool *p, vmm_mapping *m);
@@ -488,6 +488,13 @@ static inline bool vmm_caching(const vmm_arena *a) { return a->cfg.caching || vm
  * always; package only outside a retaining scope (inside one it becomes idle handles). */
 static inline bool vmm_frees_to_pool(const vmm_arena *a, vmm_kind kind) {
   return kind == VMM_KIND_TRANSIENT || !vmm_retaining(a);
+}
+/* Whole-process mode: cached memory up to 1/32 of a request larger than it serves it, where a
+ * driver call would be made otherwise (an assembly's last handle; outside a retaining scope, a
+ * pooled mapping or a run of one's handles too: inside, the reuse policy decides). */
+#define VMM_OVERSHOOT_SHARE 32
+static inline size_t vmm_pooled_overshoot(const vmm_arena *a, size_t rounded) {
+  return a->cfg.caching && !vmm_retaining(a) ? rounded / VMM_OVERSHOOT_SHARE : 0;
 }
 static inline size_t vmm_round_up(const vmm_arena *a, size_t bytes) {
   return (bytes + a->granularity - 1) & ~(a->granularity - 1);

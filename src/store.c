@@ -81,14 +81,14 @@ vmm_mapping *vmm_pool_take(vmm_pool *p, size_t lo, size_t hi, vmm_pool_usable_fn
   return NULL;
 }
 
-/* The first run of m's handles that makes exactly `bytes`: its count (0 if none) and *first.
- * Sizes are positive, so one window slides over the handles. */
-static uint32_t run_handles(const vmm_mapping *m, size_t bytes, uint32_t *first) {
+/* The first run of m's handles that makes from `bytes` to `most` bytes: its count (0 if none)
+ * and *first. Sizes are positive, so one window slides over the handles. */
+static uint32_t run_within(const vmm_mapping *m, size_t bytes, size_t most, uint32_t *first) {
   size_t sum = 0;
   for (uint32_t lo = 0, hi = 0; hi < m->handle_count; hi++) {
     sum += m->handles[hi]->size;
-    while (sum > bytes) sum -= m->handles[lo++]->size;
-    if (sum == bytes) {
+    while (sum > most) sum -= m->handles[lo++]->size;
+    if (sum >= bytes) {
       *first = lo;
       return hi - lo + 1;
     }
@@ -96,15 +96,21 @@ static uint32_t run_handles(const vmm_mapping *m, size_t bytes, uint32_t *first)
   return 0;
 }
 
+/* A run that makes exactly `bytes`, else one that makes up to `most`. */
+static uint32_t run_handles(const vmm_mapping *m, size_t bytes, size_t most, uint32_t *first) {
+  uint32_t count = run_within(m, bytes, bytes, first);
+  return count || most == bytes ? count : run_within(m, bytes, most, first);
+}
+
 #define RUN_SCAN 64 /* pooled mappings looked at, at most, for a run */
 
-vmm_mapping *vmm_pool_take_run(vmm_pool *p, size_t bytes, vmm_pool_usable_fn usable, void *ctx, uint32_t *first,
-                               uint32_t *count) {
+vmm_mapping *vmm_pool_take_run(vmm_pool *p, size_t bytes, size_t most, vmm_pool_usable_fn usable, void *ctx,
+                               uint32_t *first, uint32_t *count) {
   unsigned seen = 0;
   for (vmm_bucket *b = bucket_of(vmm_avl_ceil(p->root, bytes + 1, 0)); b && seen < RUN_SCAN;
        b = bucket_of(vmm_avl_ceil(p->root, b->size + 1, 0)))
     for (vmm_mapping *m = b->head; m && seen < RUN_SCAN; m = m->pool_next, seen++) { /* larger: fewer than all */
-      if (m->page || !(*count = run_handles(m, bytes, first)) || !usable(ctx, m)) continue;
+      if (m->page || !(*count = run_handles(m, bytes, most, first)) || !usable(ctx, m)) continue;
       vmm_pool_remove(p, m);
       return m;
     }

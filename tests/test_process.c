@@ -334,6 +334,61 @@ static void a_page_is_one_granule_whatever_the_reuse(void **state) {
   tu_destroy(a);
 }
 
+/* Outside a scope a pooled mapping up to 1/32 larger than a request serves it whole, with no
+ * driver call; one larger than that does not, and inside a retaining scope the exact policy
+ * takes only the request's size. */
+static void a_pooled_mapping_up_to_a_32nd_larger_serves_outside_a_scope(void **state) {
+  (void)state;
+  for (int scoped = 0; scoped < 2; scoped++) {
+    vmm_arena *a = process_arena_bound(0, scoped ? VMM_RETAIN_ON : VMM_RETAIN_AUTO, 256 * MiB);
+    if (scoped) assert_int_equal(vmm_retention_begin(a), VMM_OK);
+    void *p = alloc_in(a, 66 * MiB, T, S1, 0);
+    tu_free(a, p, S1);
+    size_t from = fake_call_count();
+    void *q = alloc_in(a, 64 * MiB, T, S1, 0); /* 2 MiB over: 64 MiB / 32 */
+    assert_true(scoped ? q != p : q == p);
+    assert_true(scoped ? mapping_calls_since(from) > 0 : mapping_calls_since(from) == 0);
+    if (!scoped) {
+      assert_int_equal(snap(a).physical_bytes, 66 * MiB);
+      tu_free(a, q, S1);
+      from = fake_call_count();
+      q = alloc_in(a, 62 * MiB, T, S1, 0); /* 4 MiB over, more than 62 MiB / 32: not served whole */
+      assert_ptr_not_equal(q, p);
+      assert_true(mapping_calls_since(from) > 0);
+    }
+    tu_free(a, q, S1);
+    tu_check(a);
+    tu_destroy(a);
+  }
+}
+
+/* A run of a pooled mapping's handles that makes the request exactly serves before one that
+ * makes up to 1/32 more, and that one, in place, before any driver call. */
+static void an_exact_run_before_one_up_to_a_32nd_larger(void **state) {
+  (void)state;
+  for (int exact = 0; exact < 2; exact++) {
+    vmm_arena *a = process_arena_bound(0, VMM_RETAIN_AUTO, 256 * MiB);
+    size_t second = exact ? 64 * MiB : 8 * MiB;
+    void *p66 = alloc_in(a, 66 * MiB, T, S1, 0), *p2 = alloc_in(a, second, T, S1, 0);
+    tu_free(a, p66, S1);
+    tu_free(a, p2, S1);
+    char *z = alloc_in(a, 66 * MiB + second, T, S1, 0); /* stitched: the 66 MiB handle, then the other */
+    tu_free(a, z, S1);
+    fake_set_events_pending(1); /* z's work not known done: no retired range serves */
+    size_t from = fake_call_count();
+    void *r = alloc_in(a, 64 * MiB, T, S1, 0);
+    assert_ptr_equal(r, exact ? z + 66 * MiB : z); /* the exact run, else the 66 MiB one, 2 MiB over */
+    assert_int_equal(snap(a).run_hits, exact);
+    assert_int_equal(snap(a).prefix_hits, !exact);
+    assert_int_equal(mapping_calls_since(from), 0);
+    assert_int_equal(snap(a).kind[T].pooled_bytes, exact ? 66 * MiB : 8 * MiB);
+    fake_set_events_pending(0);
+    tu_free(a, r, S1);
+    tu_check(a);
+    tu_destroy(a);
+  }
+}
+
 /* A miss is assembled from pooled mappings whose work is not yet known complete (the device
  * is behind): their handles are mapped into the new range at once, and their old ranges stay
  * mapped, retiring: kept to serve again (below), unmapped by empty_cache. No new memory, no
@@ -1171,6 +1226,8 @@ int main(void) {
       cmocka_unit_test(prefix_hit_in_place_and_merged_back),
       cmocka_unit_test(run_hit_in_place_between_two_pooled_parts),
       cmocka_unit_test(a_tail_joins_only_the_mapping_it_still_follows),
+      cmocka_unit_test(a_pooled_mapping_up_to_a_32nd_larger_serves_outside_a_scope),
+      cmocka_unit_test(an_exact_run_before_one_up_to_a_32nd_larger),
       cmocka_unit_test(assembly_takes_apart_early_and_the_old_ranges_retire),
       cmocka_unit_test(a_retired_range_serves_again),
       cmocka_unit_test(a_retired_range_keeps_stream_order),
