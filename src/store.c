@@ -110,7 +110,8 @@ vmm_mapping *vmm_pool_take_run(vmm_pool *p, size_t bytes, size_t most, vmm_pool_
   for (vmm_bucket *b = bucket_of(vmm_avl_ceil(p->root, bytes + 1, 0)); b && seen < RUN_SCAN;
        b = bucket_of(vmm_avl_ceil(p->root, b->size + 1, 0)))
     for (vmm_mapping *m = b->head; m && seen < RUN_SCAN; m = m->pool_next, seen++) { /* larger: fewer than all */
-      if (m->page || !(*count = run_handles(m, bytes, most, first)) || !usable(ctx, m)) continue;
+      if (m->page || !(*count = run_handles(m, bytes, most, first)) || *count == m->handle_count || !usable(ctx, m))
+        continue; /* a whole mapping within `most` is a pool hit (vmm_pool_take), not a run */
       vmm_pool_remove(p, m);
       return m;
     }
