@@ -6,6 +6,8 @@
  *                maps and unmaps
  *   behind       each mapping call made while a stream has milliseconds of work queued: whether
  *                the call returns at once or waits for the queue to drain
+ *   spread       64 ranges of 4 handles mapped (map + access) and given back (unmap + release)
+ *                by 1, 2, 4 and 8 threads: whether the driver does mapping work in parallel
  *
  * Each row is the median over the repetitions of each phase: the cuMemMap calls, the one
  * cuMemSetAccess, the one cuMemUnmap. Whether the driver maps part of a handle is probed
@@ -308,6 +310,90 @@ static void behind(CUdeviceptr va) {
   CU(cuStreamDestroy(q.stream));
 }
 
+/* ---- Mapping work spread over threads ------------------------------------------------- */
+
+#define SPREAD_RANGES 64
+#define SPREAD_HANDLES 4 /* per range, 2 MiB each */
+#define SPREAD_ROUNDS 5
+
+typedef struct spread_work {
+  CUcontext ctx;
+  CUdeviceptr va;
+  CUmemGenericAllocationHandle *handles;
+  int first, step; /* the ranges first, first + step, ... */
+  bool build;      /* map + access, or unmap + release */
+} spread_work;
+
+static void *spread_loop(void *arg) {
+  spread_work *w = arg;
+  CU(cuCtxSetCurrent(w->ctx));
+  size_t range = SPREAD_HANDLES * 2 * MIB;
+  for (int r = w->first; r < SPREAD_RANGES; r += w->step) {
+    CUdeviceptr base = w->va + (size_t)r * range;
+    CUmemGenericAllocationHandle *h = &w->handles[r * SPREAD_HANDLES];
+    if (w->build) {
+      for (int k = 0; k < SPREAD_HANDLES; k++) CU(cuMemMap(base + (size_t)k * 2 * MIB, 2 * MIB, 0, h[k], 0));
+      CU(cuMemSetAccess(base, range, &access_desc, 1));
+    } else {
+      CU(cuMemUnmap(base, range));
+      for (int k = 0; k < SPREAD_HANDLES; k++) CU(cuMemRelease(h[k]));
+    }
+  }
+  return NULL;
+}
+
+/* Microseconds for `threads` threads to map (build) or give back every range. */
+static double spread_phase(CUdeviceptr va, CUmemGenericAllocationHandle *handles, int threads, bool build) {
+  spread_work w[8];
+  pthread_t t[8];
+  CUcontext ctx;
+  CU(cuCtxGetCurrent(&ctx));
+  double t0 = bench_now_us();
+  for (int i = 0; i < threads; i++) {
+    w[i] = (spread_work){ctx, va, handles, i, threads, build};
+    if (pthread_create(&t[i], NULL, spread_loop, &w[i])) {
+      fprintf(stderr, "bench_mapping: pthread_create failed\n");
+      exit(1);
+    }
+  }
+  for (int i = 0; i < threads; i++) pthread_join(t[i], NULL);
+  return bench_now_us() - t0;
+}
+
+/* Whether mapping and giving back ranges scales with threads: the question behind an
+ * empty_cache that unmaps and releases on several threads. The last range's bytes are checked
+ * after each build, so a build that mapped nothing cannot pass. */
+static void spread(void) {
+  size_t bytes = (size_t)SPREAD_RANGES * SPREAD_HANDLES * 2 * MIB;
+  CUdeviceptr va;
+  CU(cuMemAddressReserve(&va, bytes, 0, 0, 0));
+  static CUmemGenericAllocationHandle handles[SPREAD_RANGES * SPREAD_HANDLES];
+  const int counts[] = {1, 2, 4, 8};
+  printf("\nspread: %d ranges of %d handles of 2 MiB, mapped (map + access) and given back (unmap + release) by "
+         "n threads; ms, median of %d rounds\n\n", SPREAD_RANGES, SPREAD_HANDLES, SPREAD_ROUNDS);
+  printf("| threads | map + access | unmap + release | speed-up of the give-back |\n|---:|---:|---:|---:|\n");
+  double one = 0;
+  for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+    double build[SPREAD_ROUNDS], back[SPREAD_ROUNDS];
+    for (int r = 0; r < SPREAD_ROUNDS; r++) {
+      for (int i = 0; i < SPREAD_RANGES * SPREAD_HANDLES; i++) CU(cuMemCreate(&handles[i], 2 * MIB, &prop, 0));
+      build[r] = spread_phase(va, handles, counts[c], true);
+      uint32_t word = 0x5eedu + (uint32_t)r, got = 0;
+      CU(cuMemsetD32(va + bytes - sizeof word, word, 1));
+      CU(cuMemcpyDtoH(&got, va + bytes - sizeof got, sizeof got));
+      if (got != word) {
+        fprintf(stderr, "bench_mapping: spread: read back 0x%x, wrote 0x%x\n", got, word);
+        exit(1);
+      }
+      back[r] = spread_phase(va, handles, counts[c], false);
+    }
+    double b = bench_median(back, SPREAD_ROUNDS) / 1000;
+    if (c == 0) one = b;
+    printf("| %d | %.2f | %.2f | %.2fx |\n", counts[c], bench_median(build, SPREAD_ROUNDS) / 1000, b, one / b);
+  }
+  CU(cuMemAddressFree(va, bytes));
+}
+
 int main(void) {
   RT(cudaSetDevice(0));
   RT(cudaFree(0)); /* creates the primary context and makes it current */
@@ -367,6 +453,7 @@ int main(void) {
   RT(cudaFree(l.buf));
   RT(cudaStreamDestroy(l.stream));
   behind(va[2]);
+  spread();
   for (size_t k = 0; k < n; k++)
     if (!layouts[k].pieces || pieces) layout_release(&layouts[k]);
   for (int i = 0; i < 3; i++) CU(cuMemAddressFree(va[i], TOTAL));
