@@ -47,6 +47,7 @@ typedef struct options {
   size_t granularity; /* fake only; 0 = the fake's default */
   size_t handle_bound; /* 0 = the arena's choice */
   int cache;           /* whole-process mode: every free cached, small requests carved (vmm_config.caching) */
+  int keep_cache;      /* each empty-cache replayed as a quiesce (a graph's entry under vmmarena.install()) */
   double refill_share; /* VMMARENA_REFILL as parsed (vmm_config.refill_share); 0 = assemble first */
   uint64_t lag;        /* fake only: an event completes this many operations after its record */
   const char *csv, *plot, *trace;
@@ -54,7 +55,8 @@ typedef struct options {
 
 static void usage(FILE *f) {
   fputs("usage: vmmarena-replay [--driver fake|cuda] [--capacity SIZE] [--granularity SIZE] [--handle-bound SIZE]\n"
-        "                       [--cache] [--refill HOW] [--lag N] [--csv OUT.csv] [--plot OUT.png] [TRACE]\n"
+        "                       [--cache] [--keep-cache] [--refill HOW] [--lag N] [--csv OUT.csv] [--plot OUT.png]\n"
+        "                       [TRACE]\n"
         "  TRACE          trace file (plain or gzip); default: the trace built into this binary\n"
         "  --driver       fake (default: simulated driver, no GPU needed) or cuda (device 0)\n"
         "  --capacity     physical memory of the fake device, or the arena limit with cuda (e.g. 96G)\n"
@@ -63,6 +65,9 @@ static void usage(FILE *f) {
         "  --cache        whole-process mode (VMMARENA_CACHE=on): frees cached outside a scope too, requests\n"
         "                 below half the granularity carved from pages (a trace recorded in that mode; on by\n"
         "                 itself for a trace with captures, graph pools, empty-cache or record-stream)\n"
+        "  --keep-cache   each empty-cache of the trace replayed as a quiesce, as vmmarena.install() keeps\n"
+        "                 the cache on torch.cuda.graph's entry (VMMARENA_GRAPH_EMPTY_CACHE=keep); for a\n"
+        "                 trace recorded with VMMARENA_GRAPH_EMPTY_CACHE=release or before the setting\n"
         "  --refill       whole-process mode's VMMARENA_REFILL: assemble (default), below-peak or below-peak:F\n"
         "  --lag          fake only: the device N operations behind, an event complete N operations after\n"
         "                 its record or at a synchronize (default 0: at once)\n"
@@ -97,6 +102,10 @@ static int parse_options(int argc, char **argv, options *o) {
     }
     if (!strcmp(arg, "--cache")) {
       o->cache = 1;
+      continue;
+    }
+    if (!strcmp(arg, "--keep-cache")) {
+      o->keep_cache = 1;
       continue;
     }
     if (i + 1 >= argc) {
@@ -588,7 +597,7 @@ static int replay(const options *o, const policy *p, const trace *t, const repla
     case VMM_TRACE_CAPTURE_BEGIN: st = vmm_arena_capture_begin(a, x->pool); break;
     case VMM_TRACE_CAPTURE_END: st = vmm_arena_capture_end(a, x->pool); break;
     case VMM_TRACE_RELEASE_POOL: st = vmm_arena_release_pool(a, x->pool); break;
-    case VMM_TRACE_EMPTY_CACHE: st = vmm_arena_empty_cache(a); break;
+    case VMM_TRACE_EMPTY_CACHE: st = o->keep_cache ? vmm_arena_quiesce(a) : vmm_arena_empty_cache(a); break;
     case VMM_TRACE_RECORD_STREAM: /* skipped when its allocation was refused here (counted as OOM) */
       if (map_get(map, x->ptr, &replay_ptr)) st = vmm_arena_record_stream(a, (void *)(uintptr_t)replay_ptr, stream);
       break;

@@ -326,6 +326,14 @@ int vmm_torch_release_pool(int device, uint64_t pool) {
   return st == VMM_OK ? VMM_OK : keep_arena_error(device, a, st);
 }
 
+int vmm_torch_quiesce_existing(int device) {
+  if (!device_valid(device)) return VMM_ERR_INVALID_ARGUMENT;
+  vmm_arena *a = __atomic_load_n(&arenas[device], __ATOMIC_ACQUIRE);
+  if (!a) return VMM_OK;
+  vmm_status st = vmm_arena_quiesce(a);
+  return st == VMM_OK ? VMM_OK : keep_arena_error(device, a, st);
+}
+
 int vmm_torch_empty_cache(char *msg, size_t cap) {
   int first = VMM_OK;
   put_message(msg, cap, "%s", "");

@@ -112,6 +112,8 @@ VMM_TORCH_API int vmm_torch_capture_begin(int device, uint64_t pool);
 VMM_TORCH_API int vmm_torch_capture_end(int device, uint64_t pool);
 /* vmm_arena_release_pool of `device`'s arena; VMM_OK with nothing to do when it has no arena. */
 VMM_TORCH_API int vmm_torch_release_pool(int device, uint64_t pool);
+/* vmm_torch_quiesce of `device`'s arena; VMM_OK with nothing to do when it has no arena. */
+VMM_TORCH_API int vmm_torch_quiesce_existing(int device);
 /* vmm_arena_empty_cache on every arena that exists. Every arena is tried; the first failure's
  * status is returned and its message goes to msg. */
 VMM_TORCH_API int vmm_torch_empty_cache(char *msg, size_t cap);

@@ -40,6 +40,7 @@ struct DevicePools {
 
 DevicePools devices[VMM_MAX_DEVICES];
 std::atomic<uint64_t> next_pool{1};  // 0 is VMM_POOL_SHARED
+thread_local bool keeping_cache = false;  // vmm_torch_process_keep_cache
 
 bool valid(int device) { return device >= 0 && device < VMM_MAX_DEVICES; }
 
@@ -68,6 +69,20 @@ void release_waiting_locked(int device, DevicePools &d) {
   for (uint64_t pool : d.waiting)
     if (vmm_torch_release_pool(device, pool) == VMM_ERR_DRIVER) failed.push_back(pool);
   d.waiting.swap(failed);
+}
+
+// empty_cache on this thread while it keeps the cache (torch.cuda.graph entering): the pools
+// waiting are released as by any empty_cache, and each device with no capture underway is
+// quiesced, so that every free is known complete and the capture can reuse the cache.
+void keep_cache() {
+  for (int device = 0; device < VMM_MAX_DEVICES; device++) {
+    DevicePools &d = devices[device];
+    std::lock_guard<std::mutex> hold(d.lock);
+    release_waiting_locked(device, d);
+    if (!d.captures.empty() || vmm_torch_quiesce_existing(device) == VMM_OK) continue;
+    throw std::runtime_error("vmmarena: torch.cuda.empty_cache() keeping the cache for a CUDA graph: device " +
+                             std::to_string(device) + ": " + vmm_torch_last_error(device));
+  }
 }
 
 [[noreturn]] void throw_refusal(size_t size, int device, uint64_t pool, int status, const char *why) {
@@ -115,6 +130,10 @@ void vmm_torch_process_record_stream(void *ptr, CUstream stream) {
 }
 
 void vmm_torch_process_empty_cache(void) {
+  if (keeping_cache) {
+    keep_cache();
+    return;
+  }
   for (int device = 0; device < VMM_MAX_DEVICES; device++) {
     DevicePools &d = devices[device];
     std::lock_guard<std::mutex> hold(d.lock);
@@ -127,6 +146,12 @@ void vmm_torch_process_empty_cache(void) {
   char why[kMessageCap];
   if (vmm_torch_empty_cache(why, sizeof why) != VMM_OK)
     throw std::runtime_error(std::string("vmmarena: torch.cuda.empty_cache(): ") + why);
+}
+
+int vmm_torch_process_keep_cache(int keep) {
+  bool previous = keeping_cache;
+  keeping_cache = keep != 0;
+  return previous;
 }
 
 void vmm_torch_process_memory_fraction(double fraction, int device) {
@@ -241,6 +266,7 @@ uint64_t vmm_torch_process_pool_of(int device, unsigned long long first, unsigne
 }
 
 void vmm_torch_process_test_reset(void) {
+  keeping_cache = false;
   for (DevicePools &d : devices) {
     std::lock_guard<std::mutex> hold(d.lock);
     d.pools.clear();

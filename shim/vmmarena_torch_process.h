@@ -50,6 +50,13 @@ VMM_TORCH_API void vmm_torch_process_record_stream(void *ptr, CUstream stream);
 /* Releases the pools waiting for captures to end (where none is underway), then
  * vmm_torch_empty_cache; a failure of the latter throws std::runtime_error with its message. */
 VMM_TORCH_API void vmm_torch_process_empty_cache(void);
+/* Whether vmm_torch_process_empty_cache keeps the cache on this thread from now on (keep
+ * non-zero) or releases it (0); returns the previous setting. While it keeps it, the pools
+ * waiting are released as ever and each device with no capture underway is quiesced (every
+ * free known complete) instead: vmmarena.install() sets it around torch.cuda.graph's entry,
+ * whose empty_cache is there to hand PyTorch's cache to the graph's pool, which in this mode
+ * draws from vmmarena's cache itself. A failed quiesce throws std::runtime_error. */
+VMM_TORCH_API int vmm_torch_process_keep_cache(int keep);
 /* Throws std::runtime_error: the arena's limit is VMMARENA_LIMIT, set before the first
  * allocation. */
 VMM_TORCH_API void vmm_torch_process_memory_fraction(double fraction, int device);

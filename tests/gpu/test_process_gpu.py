@@ -292,8 +292,37 @@ def test_empty_cache_returns_memory_to_the_driver():
           f"{left['cached_bytes']} bytes still cached with {left['pages']} page(s) carved")
 
 
+def driver_calls(name):
+    return vmmarena.snapshot(DEV)["driver"].get(name, {}).get("calls", 0)
+
+
+def test_a_capture_draws_from_the_cache_its_entry_keeps():
+    torch.cuda.synchronize()
+    held = [torch.empty(256 * MiB, dtype=torch.uint8, device="cuda").fill_(1) for _ in range(4)]
+    del held
+    cached, reserved = usage()["cached_bytes"], torch.cuda.memory_reserved()
+    check(cached >= 1 * GiB, f"only {cached} bytes cached: nothing for the capture to reuse")
+    created = driver_calls("cuMemCreate")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        reserved_in_capture = torch.cuda.memory_reserved()
+        out = torch.empty(512 * MiB, dtype=torch.uint8, device="cuda")
+        out.fill_(2)
+    check(reserved_in_capture == reserved,
+          f"torch.cuda.graph's entry changed what vmmarena holds: {reserved} -> {reserved_in_capture} bytes")
+    check(driver_calls("cuMemCreate") == created, "the capture created memory with 1 GiB cached")
+    out.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    check(int(out[0]) == 2 and int(out[-1]) == 2, "the replay did not write the cached memory it was given")
+    print(f"  {cached / GiB:.2f} GiB cached; the capture's 512 MiB came from it (no cuMemCreate)")
+    del g, out
+    gc.collect()
+
+
 def test_graph_memory_returns_when_the_graph_is_deleted():
     n = 512 * MiB
+    torch.cuda.empty_cache()  # the deleted graph's mapping is then the only one of its size cached
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         scratch = torch.empty(n, dtype=torch.uint8, device="cuda")
@@ -422,6 +451,7 @@ TESTS = [
     test_graph_replay_unchanged_after_eager_churn,
     test_graph_memory_returns_when_the_graph_is_deleted,
     test_two_graphs_share_a_pool,
+    test_a_capture_draws_from_the_cache_its_entry_keeps,
 ]
 check(len(TESTS) == len([name for name in globals() if name.startswith("test_")]), "a test is not listed")
 

@@ -30,6 +30,7 @@ fake.fake_driver_reset.argtypes = [ctypes.c_void_p]
 fake.fake_ledger_clean.restype = ctypes.c_int
 fake.fake_first_error.restype = ctypes.c_char_p
 fake.fake_set_capturing.argtypes = [ctypes.c_void_p, ctypes.c_int]
+fake.fake_set_event_lag.argtypes = [ctypes.c_uint64]
 HOOKS = _lib.has_process_hooks(shim)
 
 
@@ -572,8 +573,30 @@ class FakeTorch:
         def change(allocator):
             torch.current = allocator
 
+        def empty_cache():  # PyTorch calls the reset hook; a C++ exception becomes a RuntimeError
+            error = hook("empty_cache")
+            if error:
+                raise RuntimeError(error)
+
+        class Graph:  # torch.cuda.graph's entry, as PyTorch writes it: synchronize, empty the cache
+            fail_on_entry = False
+
+            def __init__(self, cuda_graph=None, pool=None):
+                self.pool = pool
+
+            def __enter__(self):
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+                if self.fail_on_entry:
+                    raise RuntimeError("capture_begin failed")
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
         self.cuda = types.SimpleNamespace(
-            is_initialized=lambda: torch.initialized, MemPool=object, use_mem_pool=object,
+            is_initialized=lambda: torch.initialized, MemPool=object, use_mem_pool=object, graph=Graph,
+            synchronize=lambda: None, empty_cache=empty_cache,
             memory=types.SimpleNamespace(CUDAPluggableAllocator=PluggableAllocator, change_current_allocator=change))
         self._C = types.SimpleNamespace(_cuda_memoryStats=None, _cuda_resetPeakMemoryStats=None,
                                         _cuda_resetAccumulatedMemoryStats=None, _cuda_getCheckpointState=checkpoint,
@@ -632,6 +655,61 @@ class Install(Base):
         with self.assertRaises(ValueError) as cm:
             vmmarena.install()
         self.assertIn('VMMARENA_REUSE="sometimes"', str(cm.exception))
+        self.assertFalse(vmmarena.installed())
+
+    def physical(self):
+        return snap()["totals"]["physical_bytes"]
+
+    def test_a_graphs_entry_keeps_the_cache_and_quiesces(self):
+        vmmarena.install()
+        fake.fake_set_event_lag(1000)  # the device never catches up on its own
+        try:
+            free(take(8 * MiB, stream=A), stream=A)
+            cached, before = self.physical(), snap()
+            self.assertEqual(cached, 8 * MiB)
+            with self.torch.cuda.graph():
+                self.assertEqual(self.physical(), cached, "torch.cuda.graph's entry gave the cache back")
+                self.assertEqual(calls("cuCtxSynchronize"), calls("cuCtxSynchronize", before) + 1,
+                                 "the entry did not quiesce the device")
+                # Quiesced, the free on A is known complete: a capture on B takes it, no new memory.
+                graph, on_b = (11, 0), StreamFilter(B)
+                self.assertEqual(begin(graph, on_b), "")
+                ptr, error = hook_malloc(8 * MiB, stream=B)
+                self.assertEqual(error, "")
+                self.assertEqual(calls("cuMemCreate"), calls("cuMemCreate", before), "the capture created memory")
+                free(ptr, stream=B)
+                self.assertEqual(end(graph), "")
+                release(graph)
+        finally:
+            fake.fake_set_event_lag(0)
+        self.torch.cuda.empty_cache()  # the program's own call gives the cache back
+        self.assertEqual(self.physical(), 0)
+
+    def test_the_cache_is_kept_only_during_the_entry(self):
+        vmmarena.install()
+        graph = self.torch.cuda.graph()
+        graph.fail_on_entry = True
+        free(take(4 * MiB))
+        with self.assertRaises(RuntimeError):
+            with graph:
+                pass
+        self.assertEqual(self.physical(), 4 * MiB)
+        self.torch.cuda.empty_cache()
+        self.assertEqual(self.physical(), 0, "a failed entry left the cache kept")
+
+    def test_graph_empty_cache_release_gives_the_cache_back_on_entry(self):
+        os.environ[_process.GRAPH_EMPTY_CACHE] = "release"
+        vmmarena.install()
+        free(take(4 * MiB))
+        with self.torch.cuda.graph():
+            self.assertEqual(self.physical(), 0)
+        self.assertFalse(hasattr(self.torch.cuda.graph.__enter__, "__wrapped__"))
+
+    def test_a_bad_graph_empty_cache_value_is_a_value_error(self):
+        os.environ[_process.GRAPH_EMPTY_CACHE] = "sometimes"
+        with self.assertRaises(ValueError) as cm:
+            vmmarena.install()
+        self.assertIn('VMMARENA_GRAPH_EMPTY_CACHE="sometimes": expected keep or release', str(cm.exception))
         self.assertFalse(vmmarena.installed())
 
     def test_storage_contexts_set_the_threads_kind(self):

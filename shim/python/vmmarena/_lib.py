@@ -93,6 +93,7 @@ def _process_prototypes(handle):
                c_size)
     _prototype(handle, "vmm_torch_process_test_record_stream", c_int, c_void, c_void, c_buf, c_size)
     _prototype(handle, "vmm_torch_process_test_empty_cache", c_int, c_buf, c_size)
+    _prototype(handle, "vmm_torch_process_keep_cache", c_int, c_int)
     _prototype(handle, "vmm_torch_process_test_memory_fraction", c_int, ctypes.c_double, c_int, c_buf, c_size)
     _prototype(handle, "vmm_torch_process_test_begin_pool", c_int, c_int, c_ull, c_ull, TEST_FILTER, c_void, c_buf,
                c_size)

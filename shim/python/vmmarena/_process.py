@@ -11,10 +11,11 @@ by install().
 
 import contextlib
 import ctypes
+import os
 import threading
 
 from . import _lib, _torch_stats
-from ._lib import VmmarenaError
+from ._lib import VmmarenaConfigError, VmmarenaError
 
 KIND_CODES = {"package": 0, "transient": 1}  # vmm_kind, as vmm_torch_set_kind takes it
 
@@ -30,6 +31,11 @@ HOOKS = {
 # torch._C bindings of the checkpointing of cudagraph trees (torch.compile mode="reduce-overhead"),
 # which PyTorch does not support for a pluggable allocator.
 CHECKPOINT_BINDINGS = ("_cuda_getCheckpointState", "_cuda_setCheckpointPoolState")
+
+# What the empty_cache() that torch.cuda.graph makes as it enters does: "keep" (the default)
+# or "release" (as any other empty_cache).
+GRAPH_EMPTY_CACHE = "VMMARENA_GRAPH_EMPTY_CACHE"
+GRAPH_EMPTY_CACHE_CHOICES = ("keep", "release")
 
 _lock = threading.Lock()
 _allocator = None  # the CUDAPluggableAllocator, kept for the process once installed
@@ -89,6 +95,38 @@ def _check_can_install(torch):
     return handle
 
 
+def _graph_empty_cache():
+    """VMMARENA_GRAPH_EMPTY_CACHE, checked: "keep" or "release"."""
+    value = os.environ.get(GRAPH_EMPTY_CACHE, "keep")
+    if value.strip().lower() not in GRAPH_EMPTY_CACHE_CHOICES:
+        raise VmmarenaConfigError(f'{GRAPH_EMPTY_CACHE}="{value}": expected keep or release')
+    return value.strip().lower()
+
+
+def _keep_cache_on_graph_entry(torch, handle):
+    """torch.cuda.graph empties PyTorch's cache as it enters, so that the graph's private pool
+    can have the memory the cache holds. A graph pool of vmmarena draws from vmmarena's cache
+    itself, so during that entry empty_cache keeps the cache: the device (just synchronized by
+    torch.cuda.graph) is quiesced instead, and the capture reuses what is cached rather than
+    memory given back and created again. Every other empty_cache gives the cache back."""
+    graph = torch.cuda.graph
+    enter = graph.__enter__
+    if getattr(enter, "_vmmarena_keeps_cache", False):
+        return
+    keep = handle.vmm_torch_process_keep_cache
+
+    def __enter__(self):
+        previous = keep(1)
+        try:
+            return enter(self)
+        finally:
+            keep(previous)
+
+    __enter__._vmmarena_keeps_cache = True
+    __enter__.__wrapped__ = enter
+    graph.__enter__ = __enter__
+
+
 def _build_allocator(torch, handle):
     """The CUDAPluggableAllocator over the shim, with every hook set."""
     path = _lib.loaded_path()
@@ -114,6 +152,7 @@ def install():
 
     torch = _torch()
     _lib.config_check()
+    graph_empty_cache = _graph_empty_cache()
     with _lock:
         if _allocator is not None:
             return
@@ -126,6 +165,8 @@ def install():
             _lib.set_caching(False)
             raise VmmarenaError(f"install(): PyTorch refused to swap its allocator: {e}") from e
         _torch_stats.patch(torch)
+        if graph_empty_cache == "keep":
+            _keep_cache_on_graph_entry(torch, handle)
         for name in CHECKPOINT_BINDINGS:
             if hasattr(torch._C, name):
                 setattr(torch._C, name, _unsupported_checkpoint)
