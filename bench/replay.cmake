@@ -72,6 +72,14 @@ if(VMMARENA_TESTS)
   set_tests_properties(vmmarena_replay_refill PROPERTIES TIMEOUT 300
     PASS_REGULAR_EXPRESSION "cached handles: no-retention [1-9][0-9]*,"
     FAIL_REGULAR_EXPRESSION "FAILED;vmmarena-replay: ")
+  # The same trace with each empty-cache replayed as the quiesce of torch.cuda.graph's entry
+  # under vmmarena.install(): nothing is released (the no-retention row's cuMemRelease is 0,
+  # 1049 when the empty-caches release).
+  add_test(NAME vmmarena_replay_keep_cache
+    COMMAND vmmarena-replay --keep-cache --lag 5 ${CMAKE_CURRENT_SOURCE_DIR}/traces/default-process.trace.gz)
+  set_tests_properties(vmmarena_replay_keep_cache PROPERTIES TIMEOUT 300
+    PASS_REGULAR_EXPRESSION "\nno-retention +[0-9.]+ GiB +[0-9.]+x +[0-9.]+ GiB +[0-9]+ +[0-9]+ +[0-9]+ +0 "
+    FAIL_REGULAR_EXPRESSION "FAILED;vmmarena-replay: ")
   # The same trace with the fake device 5 operations behind (frees not yet complete when the
   # next request comes, as on the H200): every policy must still finish sound.
   add_test(NAME vmmarena_replay_lag
