@@ -326,13 +326,16 @@ int vmm_torch_release_pool(int device, uint64_t pool) {
   return st == VMM_OK ? VMM_OK : keep_arena_error(device, a, st);
 }
 
-int vmm_torch_quiesce_existing(int device) {
+/* op on `device`'s arena; VMM_OK with nothing to do when it has none (none is created). */
+static int on_existing(int device, arena_op op) {
   if (!device_valid(device)) return VMM_ERR_INVALID_ARGUMENT;
   vmm_arena *a = __atomic_load_n(&arenas[device], __ATOMIC_ACQUIRE);
   if (!a) return VMM_OK;
-  vmm_status st = vmm_arena_quiesce(a);
+  vmm_status st = op(a);
   return st == VMM_OK ? VMM_OK : keep_arena_error(device, a, st);
 }
+
+int vmm_torch_quiesce_existing(int device) { return on_existing(device, vmm_arena_quiesce); }
 
 int vmm_torch_empty_cache(char *msg, size_t cap) {
   int first = VMM_OK;
@@ -360,13 +363,7 @@ int vmm_torch_usage(int device, vmm_usage *out) {
 
 size_t vmm_torch_usage_size(void) { return sizeof(vmm_usage); }
 
-int vmm_torch_reset_peaks(int device) {
-  if (!device_valid(device)) return VMM_ERR_INVALID_ARGUMENT;
-  vmm_arena *a = __atomic_load_n(&arenas[device], __ATOMIC_ACQUIRE);
-  if (!a) return VMM_OK;
-  vmm_status st = vmm_arena_reset_peaks(a);
-  return st == VMM_OK ? VMM_OK : keep_arena_error(device, a, st);
-}
+int vmm_torch_reset_peaks(int device) { return on_existing(device, vmm_arena_reset_peaks); }
 
 /* ---- Trace files --------------------------------------------------------------------- */
 

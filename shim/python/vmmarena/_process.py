@@ -4,7 +4,8 @@ install() makes the arenas caching ones (the core caches every free, carves smal
 from pages, keeps CUDA graphs' pools apart), builds a CUDAPluggableAllocator over the shim's
 C++ malloc (which throws instead of handing PyTorch NULL) and vmm_torch_free, sets PyTorch's
 hooks (graph pools, record_stream, empty_cache, memory fraction), swaps it in with
-change_current_allocator, and answers PyTorch's memory statistics from vmmarena. Storage's
+change_current_allocator, answers PyTorch's memory statistics from vmmarena, and makes
+torch.cuda.graph's entry keep the cache (VMMARENA_GRAPH_EMPTY_CACHE). Storage's
 context managers then set the kind of this thread's tensors (kind()). torch is imported only
 by install().
 """
@@ -144,7 +145,8 @@ def _build_allocator(torch, handle):
 def install():
     """Makes vmmarena PyTorch's allocator for every CUDA tensor of this process (whole-process
     mode; docs/torch.md). Must run before CUDA is initialized: right after `import torch`.
-    A second call does nothing. Raises VmmarenaError saying why when CUDA is initialized
+    Unless VMMARENA_GRAPH_EMPTY_CACHE=release, torch.cuda.graph's entry then keeps the cache
+    for the capture to reuse (_keep_cache_on_graph_entry). A second call does nothing. Raises VmmarenaError saying why when CUDA is initialized
     already, when use_as_default() ran, when the shim lacks its C++ part or PyTorch its hooks,
     and VmmarenaConfigError (a ValueError) for a bad VMMARENA_* value."""
     global _allocator
