@@ -146,9 +146,10 @@ def install():
     """Makes vmmarena PyTorch's allocator for every CUDA tensor of this process (whole-process
     mode; docs/torch.md). Must run before CUDA is initialized: right after `import torch`.
     Unless VMMARENA_GRAPH_EMPTY_CACHE=release, torch.cuda.graph's entry then keeps the cache
-    for the capture to reuse (_keep_cache_on_graph_entry). A second call does nothing. Raises VmmarenaError saying why when CUDA is initialized
-    already, when use_as_default() ran, when the shim lacks its C++ part or PyTorch its hooks,
-    and VmmarenaConfigError (a ValueError) for a bad VMMARENA_* value."""
+    for the capture to reuse (_keep_cache_on_graph_entry). A second call does nothing. Raises
+    VmmarenaError saying why when CUDA is initialized already, when use_as_default() ran, when
+    the shim lacks its C++ part or PyTorch its hooks, and VmmarenaConfigError (a ValueError)
+    for a bad VMMARENA_* value."""
     global _allocator
     from ._storage import _torch
 
