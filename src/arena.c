@@ -34,7 +34,10 @@ static size_t reuse_limit(const vmm_arena *a, const vmm_request *req) {
   return bound >= (double)SIZE_MAX ? SIZE_MAX : (size_t)bound;
 }
 
-/* A pooled mapping goes only to a request of its kind and pool, ordered after its streams. */
+/* A pooled mapping goes only to a request of its kind and pool, ordered after its streams; in
+ * whole-process mode a graph's request also takes a shared one whose free is known complete
+ * (nothing can be ordered after another stream from a capture), which joins the graph's pool
+ * as it is handed out. */
 typedef struct hit_ctx {
   vmm_reuse_ctx order;
   vmm_kind kind;
@@ -43,7 +46,9 @@ typedef struct hit_ctx {
 
 static bool hit_usable(void *arg, vmm_mapping *m) {
   hit_ctx *c = arg;
-  return m->kind == c->kind && m->pool == c->pool && vmm_usable_on_stream(&c->order, m);
+  if (m->kind != c->kind) return false;
+  if (m->pool == c->pool) return vmm_usable_on_stream(&c->order, m);
+  return c->order.a->cfg.caching && m->pool == VMM_POOL_SHARED && vmm_free_complete(c->order.a, m);
 }
 
 static vmm_mapping *take_pooled(vmm_arena *a, const vmm_request *req, size_t most) {

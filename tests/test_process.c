@@ -906,6 +906,46 @@ static void a_graph_takes_a_pooled_mappings_first_handles(void **state) {
   tu_destroy(a);
 }
 
+/* A graph's request takes a shared pooled mapping of its size whole, with no driver call, once
+ * that mapping's free is known complete (a capture cannot be ordered after another stream),
+ * and never before; the mapping is the graph's until its pool is released. */
+static void a_graph_takes_a_complete_shared_mapping_whole(void **state) {
+  (void)state;
+  vmm_arena *a = whole_handles_arena();
+  fake_set_event_lag(1000); /* the device never catches up on its own */
+  fake_advance_clock(1);    /* work from now on is behind */
+  void *x = alloc_in(a, 6 * MiB, T, S1, 0);
+  tu_free(a, x, S1);
+  assert_int_equal(vmm_arena_capture_begin(a, 7), VMM_OK);
+  fake_set_capturing(S2, 1);
+  size_t from = fake_call_count();
+  void *g = alloc_in(a, 6 * MiB, T, S2, 7); /* x's free may still run: new memory */
+  assert_ptr_not_equal(g, x);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 1);
+  fake_set_capturing(S2, 0);
+  assert_int_equal(vmm_arena_capture_end(a, 7), VMM_OK);
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK); /* as torch.cuda.graph's entry does */
+  assert_int_equal(vmm_arena_capture_begin(a, 7), VMM_OK);
+  fake_set_capturing(S2, 1);
+  from = fake_call_count();
+  void *h = alloc_in(a, 6 * MiB, T, S2, 7);
+  assert_ptr_equal(h, x);
+  assert_int_equal(mapping_calls_since(from), 0);
+  tu_free(a, h, S2);
+  assert_ptr_equal(alloc_in(a, 6 * MiB, T, S2, 7), x); /* the graph's now: its pool serves it */
+  tu_free(a, x, S2);
+  fake_set_capturing(S2, 0);
+  assert_int_equal(vmm_arena_capture_end(a, 7), VMM_OK);
+  void *e = alloc_in(a, 6 * MiB, T, S1, 0); /* an eager request: not the live graph's memory */
+  assert_true(e != x && e != g);
+  tu_free(a, e, S1);
+  tu_free(a, g, S2);
+  assert_int_equal(vmm_arena_release_pool(a, 7), VMM_OK);
+  assert_int_equal(snap(a).kind[T].pooled_count, 3);
+  fake_set_event_lag(0);
+  tu_destroy(a);
+}
+
 /* empty_cache, and a finish, leave a live graph's pooled memory mapped (its replays use it);
  * once the pool is released, empty_cache gives it back, with what is freed after the release. */
 static void a_live_graph_keeps_its_memory_through_empty_cache(void **state) {
@@ -1245,6 +1285,7 @@ int main(void) {
       cmocka_unit_test(a_live_graph_keeps_its_memory_through_empty_cache),
       cmocka_unit_test(a_graph_reuses_its_memory_in_new_ranges),
       cmocka_unit_test(a_graph_takes_a_pooled_mappings_first_handles),
+      cmocka_unit_test(a_graph_takes_a_complete_shared_mapping_whole),
       cmocka_unit_test(frees_during_a_capture),
       cmocka_unit_test(calls_during_a_capture_are_relaxed),
       cmocka_unit_test(empty_cache_releases_outside_a_scope_only),

@@ -31,6 +31,7 @@ fake.fake_ledger_clean.restype = ctypes.c_int
 fake.fake_first_error.restype = ctypes.c_char_p
 fake.fake_set_capturing.argtypes = [ctypes.c_void_p, ctypes.c_int]
 fake.fake_set_event_lag.argtypes = [ctypes.c_uint64]
+fake.fake_advance_clock.argtypes = [ctypes.c_uint64]
 HOOKS = _lib.has_process_hooks(shim)
 
 
@@ -663,6 +664,7 @@ class Install(Base):
     def test_a_graphs_entry_keeps_the_cache_and_quiesces(self):
         vmmarena.install()
         fake.fake_set_event_lag(1000)  # the device never catches up on its own
+        fake.fake_advance_clock(1)  # work from now on is behind
         try:
             free(take(8 * MiB, stream=A), stream=A)
             cached, before = self.physical(), snap()
