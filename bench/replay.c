@@ -850,9 +850,23 @@ static void print_process_ops(const trace *t) {
     if (t->process_ops[i]) printf("%s%zu %s", sep, t->process_ops[i], op_names[i]), sep = ", ";
 }
 
+/* Whether an output path names a trace already there (gzip or "vmmtrace"): `--csv TRACE` with
+ * the CSV's own path forgotten would write over it. */
+static int output_is_a_trace(const char *option, const char *path) {
+  FILE *f = path ? fopen(path, "rb") : NULL;
+  unsigned char head[8] = {0};
+  size_t n = f ? fread(head, 1, sizeof head, f) : 0;
+  if (f) fclose(f);
+  if (!(n >= 2 && head[0] == 0x1f && head[1] == 0x8b) && !(n == 8 && !memcmp(head, "vmmtrace", 8))) return 0;
+  fprintf(stderr, "vmmarena-replay: %s %s: that file is a trace; not writing over it (the output's path missing?)\n",
+          option, path);
+  return 1;
+}
+
 int main(int argc, char **argv) {
   options o;
   if (parse_options(argc, argv, &o)) return 2;
+  if (output_is_a_trace("--csv", o.csv) || output_is_a_trace("--plot", o.plot)) return 2;
   trace t = {0};
   vmm_trace_reader *reader = open_trace(o.trace);
   int loaded = reader && load_trace(reader, &t) == 0;

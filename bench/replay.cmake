@@ -80,6 +80,12 @@ if(VMMARENA_TESTS)
   set_tests_properties(vmmarena_replay_keep_cache PROPERTIES TIMEOUT 300
     PASS_REGULAR_EXPRESSION "\nno-retention +[0-9.]+ GiB +[0-9.]+x +[0-9.]+ GiB +[0-9]+ +[0-9]+ +[0-9]+ +0 "
     FAIL_REGULAR_EXPRESSION "FAILED;vmmarena-replay: ")
+  # An output path that names a trace (`--csv TRACE`, the CSV's path forgotten) is refused, on a
+  # copy of a trace in the build tree.
+  add_test(NAME vmmarena_replay_output_over_a_trace
+    COMMAND sh -c "cp '${PROJECT_SOURCE_DIR}/tests/data/process.trace' '${CMAKE_CURRENT_BINARY_DIR}/over.trace' && ! '$<TARGET_FILE:vmmarena-replay>' --csv '${CMAKE_CURRENT_BINARY_DIR}/over.trace'")
+  set_tests_properties(vmmarena_replay_output_over_a_trace PROPERTIES TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "over.trace: that file is a trace; not writing over it")
   # The same trace with the fake device 5 operations behind (frees not yet complete when the
   # next request comes, as on the H200): every policy must still finish sound.
   add_test(NAME vmmarena_replay_lag
