@@ -99,9 +99,10 @@ def _check_can_install(torch):
 def _graph_empty_cache():
     """VMMARENA_GRAPH_EMPTY_CACHE, checked: "keep" or "release"."""
     value = os.environ.get(GRAPH_EMPTY_CACHE, "keep")
-    if value.strip().lower() not in GRAPH_EMPTY_CACHE_CHOICES:
+    choice = value.strip().lower()
+    if choice not in GRAPH_EMPTY_CACHE_CHOICES:
         raise VmmarenaConfigError(f'{GRAPH_EMPTY_CACHE}="{value}": expected keep or release')
-    return value.strip().lower()
+    return choice
 
 
 def _keep_cache_on_graph_entry(torch, handle):
