@@ -49,6 +49,7 @@ typedef struct options {
   int cache;           /* whole-process mode: every free cached, small requests carved (vmm_config.caching) */
   int keep_cache;      /* each empty-cache replayed as a quiesce (a graph's entry under vmmarena.install()) */
   double refill_share; /* VMMARENA_REFILL as parsed (vmm_config.refill_share); 0 = assemble first */
+  double refill_live_share; /* and vmm_config.refill_live_share (within-live:F) */
   uint64_t lag;        /* fake only: an event completes this many operations after its record */
   const char *csv, *plot, *trace;
 } options;
@@ -68,7 +69,7 @@ static void usage(FILE *f) {
         "  --keep-cache   each empty-cache of the trace replayed as a quiesce, as vmmarena.install() keeps\n"
         "                 the cache on torch.cuda.graph's entry (VMMARENA_GRAPH_EMPTY_CACHE=keep); for a\n"
         "                 trace recorded with VMMARENA_GRAPH_EMPTY_CACHE=release or before the setting\n"
-        "  --refill       whole-process mode's VMMARENA_REFILL: assemble (default), below-peak or below-peak:F\n"
+        "  --refill       whole-process mode's VMMARENA_REFILL: assemble (default), below-peak[:F] or within-live[:F]\n"
         "  --lag          fake only: the device N operations behind, an event complete N operations after\n"
         "                 its record or at a synchronize (default 0: at once)\n"
         "  --csv          one row per policy\n"
@@ -128,6 +129,7 @@ static int parse_options(int argc, char **argv, options *o) {
         return -1;
       }
       o->refill_share = parsed.refill_share;
+      o->refill_live_share = parsed.refill_live_share;
     } else if (!strcmp(arg, "--lag")) {
       char *end = NULL;
       errno = 0;
@@ -543,6 +545,7 @@ static int replay(const options *o, const policy *p, const trace *t, const repla
   cfg.handle_bound_bytes = o->handle_bound;
   cfg.caching = o->cache;
   cfg.refill_share = o->refill_share;
+  cfg.refill_live_share = o->refill_live_share;
   cfg.log_level = 0; /* refusals are counted, not logged */
   if (o->driver == DRIVER_FAKE) {
     fake_options fo = {.capacity = o->capacity ? o->capacity : UNBOUNDED_CAPACITY,
@@ -787,8 +790,9 @@ static void print_summary(const options *o, const result *res) {
          "or a padded assembly. Inside a scope new memory is cut into handles of at most 1/64 of the scope's\n"
          "peak (VMMARENA_HANDLE_BOUND, --handle-bound); at the end of this trace that is %s.\n",
          human(res[2].snap.handle_bound_bytes, b[0]));
-  if (o->refill_share > 0.0) {
-    printf("VMMARENA_REFILL=below-peak:%g: misses given new memory in place of several cached handles:", o->refill_share);
+  if (o->refill_share > 0.0 || o->refill_live_share > 0.0) {
+    printf("VMMARENA_REFILL=%s:%g: misses given new memory in place of several cached handles:",
+           o->refill_share > 0.0 ? "below-peak" : "within-live", o->refill_share > 0.0 ? o->refill_share : o->refill_live_share);
     for (size_t p = 0; p < POLICY_COUNT; p++)
       printf("%s %s %llu", p ? "," : "", policies[p].name, (unsigned long long)res[p].snap.refills);
     printf("\n");

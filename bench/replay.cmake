@@ -72,6 +72,14 @@ if(VMMARENA_TESTS)
   set_tests_properties(vmmarena_replay_refill PROPERTIES TIMEOUT 300
     PASS_REGULAR_EXPRESSION "cached handles: no-retention [1-9][0-9]*,"
     FAIL_REGULAR_EXPRESSION "FAILED;vmmarena-replay: ")
+  # With the cache kept on the graph's entry (where physical stays at its high-water mark and
+  # below-peak cannot refill) and VMMARENA_REFILL=within-live: the misses within 1.05 times the
+  # live bytes get new memory (a count above zero is matched).
+  add_test(NAME vmmarena_replay_refill_within_live
+    COMMAND vmmarena-replay --keep-cache --lag 5 --refill within-live ${CMAKE_CURRENT_SOURCE_DIR}/traces/default-process.trace.gz)
+  set_tests_properties(vmmarena_replay_refill_within_live PROPERTIES TIMEOUT 300
+    PASS_REGULAR_EXPRESSION "VMMARENA_REFILL=within-live:1.05: misses given new memory in place of several cached handles: no-retention [1-9][0-9]*,"
+    FAIL_REGULAR_EXPRESSION "FAILED;vmmarena-replay: ")
   # The same trace with each empty-cache replayed as the quiesce of torch.cuda.graph's entry
   # under vmmarena.install(): nothing is released (the no-retention row's cuMemRelease is 0,
   # 1049 when the empty-caches release).

@@ -15,6 +15,7 @@ static void count_allocation(vmm_arena *a, size_t bytes, int sign) {
   a->allocated_bytes += (uint64_t)((int64_t)sign * (int64_t)bytes);
   a->allocations += (uint64_t)(int64_t)sign;
   if (a->allocated_bytes > a->allocated_peak) a->allocated_peak = a->allocated_bytes;
+  if (a->allocated_bytes > a->live_high_water) a->live_high_water = a->allocated_bytes;
   if (a->allocations > a->allocations_peak) a->allocations_peak = a->allocations;
 }
 

@@ -42,6 +42,13 @@ static vmm_status check_config(const vmm_config *cfg) {
   if (!(cfg->refill_share >= 0.0 && cfg->refill_share <= 1.0))
     return create_fail(NULL, VMM_ERR_INVALID_ARGUMENT, "refill share %g must be 0 (assemble first) or in (0, 1]",
                        cfg->refill_share);
+  if (!(cfg->refill_live_share == 0.0 || (cfg->refill_live_share >= 1.0 && cfg->refill_live_share <= 1e6)))
+    return create_fail(NULL, VMM_ERR_INVALID_ARGUMENT, "refill live share %g must be 0 (off) or in [1, 1e6]",
+                       cfg->refill_live_share);
+  if (cfg->refill_share > 0.0 && cfg->refill_live_share > 0.0)
+    return create_fail(NULL, VMM_ERR_INVALID_ARGUMENT,
+                       "refill share %g and refill live share %g are both set; VMMARENA_REFILL takes one of them",
+                       cfg->refill_share, cfg->refill_live_share);
   if (cfg->reserve_bytes == 0)
     return create_fail(NULL, VMM_ERR_INVALID_ARGUMENT, "reserve_bytes must be greater than zero");
   return VMM_OK;

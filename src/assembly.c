@@ -311,10 +311,16 @@ static vmm_status plan_make(vmm_arena *a, const vmm_request *req, bool resume, b
   return VMM_OK;
 }
 
+/* The most the arena may hold after a refill of req; 0: no refill. */
+static double refill_room(const vmm_arena *a, const vmm_request *req) {
+  if (a->cfg.refill_share > 0.0) return a->cfg.refill_share * (double)a->high_water;
+  uint64_t live = a->allocated_bytes + req->bytes;
+  if (live < a->live_high_water) live = a->live_high_water;
+  return a->cfg.refill_live_share * (double)live; /* 0 when off */
+}
+
 bool vmm_refill_wanted(vmm_arena *a, const vmm_request *req) {
-  if (!a->cfg.caching || !(a->cfg.refill_share > 0.0) ||
-      (double)(a->physical_bytes + req->rounded) > a->cfg.refill_share * (double)a->high_water)
-    return false;
+  if (!a->cfg.caching || (double)(a->physical_bytes + req->rounded) > refill_room(a, req)) return false;
   plan p = {0};
   vmm_reuse_ctx order;
   bool several = plan_make(a, req, false, false, &order, &p) == VMM_OK && p.n_use > 1;

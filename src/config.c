@@ -134,19 +134,28 @@ static vmm_status set_reuse(const char *env, const char *value, vmm_config *cfg)
   return usage(env, value, "expected exact, bounded:F (F >= 1), best-fit or none");
 }
 
-#define VMM_REFILL_SHARE_DEFAULT 0.9
+#define VMM_REFILL_SHARE_DEFAULT 0.9       /* below-peak: of the high-water mark */
+#define VMM_REFILL_LIVE_SHARE_DEFAULT 1.05 /* within-live: of the most live bytes (the goal of whole-process mode) */
 
 static vmm_status set_refill(const char *env, const char *value, vmm_config *cfg) {
-  if (!strcasecmp(value, "assemble")) return cfg->refill_share = 0.0, VMM_OK;
-  if (!strcasecmp(value, "below-peak")) return cfg->refill_share = VMM_REFILL_SHARE_DEFAULT, VMM_OK;
-  if (!strncasecmp(value, "below-peak:", 11)) {
-    double share;
+  double share = 0.0, live_share = 0.0;
+  if (!strcasecmp(value, "assemble")) {
+  } else if (!strcasecmp(value, "below-peak")) {
+    share = VMM_REFILL_SHARE_DEFAULT;
+  } else if (!strncasecmp(value, "below-peak:", 11)) {
     if (!parse_number(value + 11, &share) || !(share > 0.0 && share <= 1.0))
       return usage(env, value, "below-peak:F needs a share F with 0 < F <= 1 (e.g. below-peak:0.9)");
-    cfg->refill_share = share;
-    return VMM_OK;
+  } else if (!strcasecmp(value, "within-live")) {
+    live_share = VMM_REFILL_LIVE_SHARE_DEFAULT;
+  } else if (!strncasecmp(value, "within-live:", 12)) {
+    if (!parse_number(value + 12, &live_share) || !(live_share >= 1.0) || live_share > 1e6)
+      return usage(env, value, "within-live:F needs a factor F >= 1 (e.g. within-live:1.05)");
+  } else {
+    return usage(env, value, "expected assemble, below-peak[:F] (0 < F <= 1) or within-live[:F] (F >= 1)");
   }
-  return usage(env, value, "expected assemble, below-peak or below-peak:F (0 < F <= 1)");
+  cfg->refill_share = share;
+  cfg->refill_live_share = live_share;
+  return VMM_OK;
 }
 
 static vmm_status set_retain(const char *env, const char *value, vmm_config *cfg) {

@@ -456,7 +456,8 @@ struct vmm_arena {
   vmm_kind_stats kind[VMM_KIND_COUNT];
   uint64_t physical_bytes, physical_peak, mapped_bytes, mapped_peak;
   uint64_t scope_peak;         /* the physical peak since the active scope began */
-  uint64_t high_water;         /* the most physical ever held (no reset): the mark of VMMARENA_REFILL */
+  uint64_t high_water;         /* the most physical ever held (no reset): the mark of VMMARENA_REFILL=below-peak */
+  uint64_t live_high_water;    /* the most bytes ever live at once (no reset): the mark of within-live */
   uint64_t pool_hits, pool_misses, pool_fallbacks, prefix_hits, run_hits;
   uint64_t assemblies, padded_assemblies, assembled_idle_handles, assembly_created_bytes, pooled_taken_apart;
   uint64_t refills;            /* misses given new memory by VMMARENA_REFILL instead of several cached handles */
@@ -734,11 +735,13 @@ typedef enum vmm_assembly_mode {
   VMM_ASSEMBLE_REFILL  /* new memory (cut to the bound) where vmm_refill_wanted */
 } vmm_assembly_mode;
 
-/* VMMARENA_REFILL=below-peak:F (whole-process mode): whether a miss whose plan would map several
- * cached handles gets new memory instead, the arena then holding at most F of its high-water
- * mark. Every handle of a range costs its own share of cuMemSetAccess and cuMemUnmap, so one new
- * handle costs a fraction of a stitched range; below the mark it raises no peak. The plan is a
- * dry run: the store is left as it was. */
+/* VMMARENA_REFILL (whole-process mode): whether a miss whose plan would map several cached
+ * handles gets new memory instead, the arena then holding at most F of its high-water mark
+ * (below-peak:F), or at most F times the most bytes ever live at once, this request's included
+ * (within-live:F). Every handle of a range costs its own share of cuMemSetAccess and cuMemUnmap,
+ * so one new handle costs a fraction of a stitched range; below the mark it raises no peak, and
+ * within the live bytes' F it holds at most F of what the program needed. The plan is a dry run:
+ * the store is left as it was. */
 VMM_INTERNAL bool vmm_refill_wanted(vmm_arena *a, const vmm_request *req);
 
 /* Builds a live mapping of at least req->rounded bytes in a fresh range, or, with `into` (a

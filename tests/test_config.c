@@ -123,6 +123,7 @@ static void defaults(void **state) {
   assert_int_equal(cfg.peer_access_mask, 0);
   assert_null(cfg.trace_path);
   assert_int_equal(cfg.log_level, 1);
+  assert_true(cfg.refill_share == 0.0 && cfg.refill_live_share == 0.0); /* assembled before new memory */
   assert_null(cfg.driver);
   assert_string_equal(vmm_reuse_policy_name(VMM_REUSE_BOUNDED), "bounded");
   assert_string_equal(vmm_reuse_policy_name(VMM_REUSE_BEST_FIT), "best-fit");
@@ -171,10 +172,13 @@ static void log_off(const vmm_config *c) { assert_int_equal(c->log_level, 0); }
 static void log_error(const vmm_config *c) { assert_int_equal(c->log_level, 1); }
 static void log_info(const vmm_config *c) { assert_int_equal(c->log_level, 2); }
 static void log_debug(const vmm_config *c) { assert_int_equal(c->log_level, 3); }
-static void refill_assemble(const vmm_config *c) { assert_true(c->refill_share == 0.0); }
-static void refill_0_9(const vmm_config *c) { assert_true(c->refill_share == 0.9); }
+static void refill_assemble(const vmm_config *c) { assert_true(c->refill_share == 0.0 && c->refill_live_share == 0.0); }
+static void refill_0_9(const vmm_config *c) { assert_true(c->refill_share == 0.9 && c->refill_live_share == 0.0); }
 static void refill_0_5(const vmm_config *c) { assert_true(c->refill_share == 0.5); }
 static void refill_1(const vmm_config *c) { assert_true(c->refill_share == 1.0); }
+static void refill_live_1_05(const vmm_config *c) { assert_true(c->refill_live_share == 1.05 && c->refill_share == 0.0); }
+static void refill_live_1_2(const vmm_config *c) { assert_true(c->refill_live_share == 1.2); }
+static void refill_live_1(const vmm_config *c) { assert_true(c->refill_live_share == 1.0); }
 
 static const good_case good_cases[] = {
     {"VMMARENA_REUSE", "exact", is_exact},
@@ -216,6 +220,9 @@ static const good_case good_cases[] = {
     {"VMMARENA_REFILL", "below-peak", refill_0_9},
     {"VMMARENA_REFILL", "Below-Peak:0.5", refill_0_5},
     {"VMMARENA_REFILL", "below-peak:1", refill_1},
+    {"VMMARENA_REFILL", "within-live", refill_live_1_05},
+    {"VMMARENA_REFILL", "Within-Live:1.2", refill_live_1_2},
+    {"VMMARENA_REFILL", "within-live:1", refill_live_1},
 };
 
 /* A bad value and the reason the message must give. */
@@ -229,7 +236,11 @@ static const bad_case bad_cases[] = {
     {"VMMARENA_REFILL", "below-peak:", "0 < F <= 1"},
     {"VMMARENA_REFILL", "below-peak:-0.5", "0 < F <= 1"},
     {"VMMARENA_REFILL", "below-peak:nan", "0 < F <= 1"},
-    {"VMMARENA_REFILL", "sometimes", "expected assemble, below-peak or below-peak:F"},
+    {"VMMARENA_REFILL", "within-live:0.5", "F >= 1 (e.g. within-live:1.05)"},
+    {"VMMARENA_REFILL", "within-live:", "F >= 1"},
+    {"VMMARENA_REFILL", "within-live:inf", "F >= 1"},
+    {"VMMARENA_REFILL", "within-live:1.05x", "F >= 1"},
+    {"VMMARENA_REFILL", "sometimes", "expected assemble, below-peak[:F] (0 < F <= 1) or within-live[:F] (F >= 1)"},
     {"VMMARENA_REUSE", "bounded:0.5", "F >= 1"},
     {"VMMARENA_REUSE", "bounded:", "F >= 1"},
     {"VMMARENA_REUSE", "bounded:2x", "F >= 1"},
@@ -274,6 +285,8 @@ static vmm_config start_config(void) {
   cfg.retain = VMM_RETAIN_ON;
   cfg.peer_access_mask = 0x10;
   cfg.log_level = 2;
+  cfg.refill_share = 0.25; /* both refill fields set: each VMMARENA_REFILL value must set one and clear the other */
+  cfg.refill_live_share = 2.0;
   return cfg;
 }
 

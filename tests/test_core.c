@@ -854,6 +854,13 @@ static void create_bad_config(void **state) {
   expect_create_error(&cfg, VMM_ERR_INVALID_ARGUMENT, "refill share 1.5 must be 0 (assemble first) or in (0, 1]");
   cfg.refill_share = -0.25;
   expect_create_error(&cfg, VMM_ERR_INVALID_ARGUMENT, "refill share -0.25 must be 0");
+  cfg.refill_share = 0.0;
+  cfg.refill_live_share = 0.5;
+  expect_create_error(&cfg, VMM_ERR_INVALID_ARGUMENT, "refill live share 0.5 must be 0 (off) or in [1, 1e6]");
+  cfg.refill_live_share = 1.05;
+  cfg.refill_share = 0.9;
+  expect_create_error(&cfg, VMM_ERR_INVALID_ARGUMENT,
+                      "refill share 0.9 and refill live share 1.05 are both set; VMMARENA_REFILL takes one of them");
   cfg = tu_config();
   assert_int_equal(vmm_arena_create(&cfg, NULL), VMM_ERR_INVALID_ARGUMENT);
   assert_has(vmm_create_error(), "NULL out-pointer");

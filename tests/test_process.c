@@ -718,6 +718,70 @@ static void a_refused_refill_is_assembled(void **state) {
   tu_destroy(a);
 }
 
+static vmm_arena *process_arena_refill_live(double live_share) {
+  fake_driver_reset(NULL);
+  vmm_config c = tu_config();
+  c.caching = 1;
+  c.handle_bound_bytes = 64 * MiB;
+  c.refill_live_share = live_share;
+  return tu_arena(NULL, &c);
+}
+
+/* within-live:1.25 after a live peak of 16 MiB, with three pooled 2 MiB mappings (6 MiB held):
+ * a miss of 6 MiB gets one new handle, the arena then holding 12 MiB, at most 1.25 times the
+ * live peak (20 MiB); the cached mappings stay pooled. With those 6 MiB live, a miss of 14 MiB
+ * would make it hold 26 MiB, over 1.25 times the 20 MiB then live: it is assembled from the three
+ * cached handles and 8 MiB new. */
+static void refill_creates_within_a_share_of_the_live_peak(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena_refill_live(1.25);
+  tu_free(a, alloc_in(a, 16 * MiB, T, S1, 0), S1);
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
+  void *p[3];
+  for (int i = 0; i < 3; i++) p[i] = alloc_in(a, 2 * MiB, T, S1, 0);
+  for (int i = 0; i < 3; i++) tu_free(a, p[i], S1);
+  size_t from = fake_call_count();
+  void *x = alloc_in(a, 6 * MiB, T, S1, 0);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 1);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_map), 1);
+  vmm_snapshot s = snap(a);
+  assert_int_equal(s.refills, 1);
+  assert_int_equal(s.retained_reusable_handles, 3);
+  assert_int_equal(usage(a).reserved_bytes, 12 * MiB);
+  from = fake_call_count();
+  void *y = alloc_in(a, 14 * MiB, T, S1, 0);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_map), 4);
+  s = snap(a);
+  assert_int_equal(s.refills, 1);
+  assert_int_equal(s.assemblies, 1);
+  assert_int_equal(s.assembly_created_bytes, 8 * MiB);
+  assert_int_equal(usage(a).reserved_bytes, 20 * MiB);
+  tu_free(a, x, S1);
+  tu_free(a, y, S1);
+  tu_destroy(a);
+}
+
+/* The request's own bytes count as live: after a live peak of 6 MiB (three 2 MiB mappings,
+ * pooled), a miss of 12 MiB under within-live:1.5 may make the arena hold 18 MiB, 1.5 times the
+ * 12 MiB then live, and gets one new handle; under within-live:1 it is assembled (its plan maps
+ * the three cached handles and 6 MiB new). */
+static void refill_counts_the_request_as_live(void **state) {
+  (void)state;
+  for (int on = 1; on >= 0; on--) {
+    vmm_arena *a = process_arena_refill_live(on ? 1.5 : 1.0);
+    void *p[3];
+    for (int i = 0; i < 3; i++) p[i] = alloc_in(a, 2 * MiB, T, S1, 0);
+    for (int i = 0; i < 3; i++) tu_free(a, p[i], S1);
+    void *x = alloc_in(a, 12 * MiB, T, S1, 0);
+    vmm_snapshot s = snap(a);
+    assert_int_equal(s.refills, on);
+    assert_int_equal(s.assemblies, !on);
+    assert_int_equal(usage(a).reserved_bytes, on ? 18 * MiB : 12 * MiB);
+    tu_free(a, x, S1);
+    tu_destroy(a);
+  }
+}
+
 /* ---- record_stream -------------------------------------------------------------------- */
 
 static void record_stream_orders_reuse_of_a_mapping(void **state) {
@@ -1278,6 +1342,8 @@ int main(void) {
       cmocka_unit_test(refill_creates_below_the_high_water_mark),
       cmocka_unit_test(refill_only_for_several_handles),
       cmocka_unit_test(a_refused_refill_is_assembled),
+      cmocka_unit_test(refill_creates_within_a_share_of_the_live_peak),
+      cmocka_unit_test(refill_counts_the_request_as_live),
       cmocka_unit_test(record_stream_orders_reuse_of_a_mapping),
       cmocka_unit_test(record_stream_orders_reuse_of_a_slot),
       cmocka_unit_test(a_pool_keeps_its_memory),

@@ -104,6 +104,10 @@ class Sample(unittest.TestCase):
         self.assertNotIn("refill", _stat.render(doc))  # the sample predates the key: assemble first
         doc["reuse"]["refill_share"] = 0.9
         self.assertIn("granularity 2.0 MiB; refill below-peak:0.9", _stat.render(doc))
+        doc["reuse"]["refill_share"] = 0
+        doc["reuse"]["refill_live_share"] = 1.05
+        self.assertIn("granularity 2.0 MiB; refill within-live:1.05", _stat.render(doc))
+        self.assertNotIn("below-peak", _stat.render(doc))
         doc["reuse"]["refill_share"] = "0.9"
         with self.assertRaisesRegex(_stat.SnapshotError, r'snapshot key "reuse.refill_share" is a string'):
             _stat.render(doc)

@@ -156,6 +156,7 @@ def _header(d, out):
         if bound is not None:
             reuse = f"bounded:{bound:g}"
     refill = d.get("reuse.refill_share", "number", default=0)  # absent in snapshots before it existed
+    refill_live = d.get("reuse.refill_live_share", "number", default=0)
     limit = d.u64("limit_bytes")
     gpu = "integrated (unified-memory)" if d.flag("integrated") else "discrete"
     out.append(f"vmmarena snapshot (schema version {d.u64('version')}): device {d.u64('device')}, {gpu} GPU")
@@ -164,6 +165,7 @@ def _header(d, out):
         f"reuse {reuse}; handle bound {fmt_bytes(d.u64('reuse.handle_bound_bytes'))}; package assembly "
         f"{'on' if d.flag('reuse.package_assembly') else 'off'}; granularity {fmt_bytes(d.u64('granularity'))}"
         + (f"; refill below-peak:{refill:g}" if refill else "")
+        + (f"; refill within-live:{refill_live:g}" if refill_live else "")
     )
     out.append(f"  headroom {fmt_bytes(d.u64('headroom_bytes'))}; limit {fmt_bytes(limit) if limit else 'none'}")
 
