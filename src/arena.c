@@ -35,30 +35,31 @@ static size_t reuse_limit(const vmm_arena *a, const vmm_request *req) {
 }
 
 /* A pooled mapping goes only to a request of its kind and pool, ordered after its streams; in
- * whole-process mode a graph's request also takes a shared one whose free is known complete
- * (nothing can be ordered after another stream from a capture), which joins the graph's pool
- * as it is handed out. */
+ * whole-process mode a graph's request whose own pool has nothing for it then takes a shared one
+ * whose free is known complete (nothing can be ordered after another stream from a capture),
+ * which joins the graph's pool as it is handed out. */
 typedef struct hit_ctx {
   vmm_reuse_ctx order;
   vmm_kind kind;
   vmm_pool_id pool;
+  bool shared; /* a graph's request, from the shared cache */
 } hit_ctx;
 
 static bool hit_usable(void *arg, vmm_mapping *m) {
   hit_ctx *c = arg;
   if (m->kind != c->kind) return false;
-  if (m->pool == c->pool) return vmm_usable_on_stream(&c->order, m);
-  return c->order.a->cfg.caching && m->pool == VMM_POOL_SHARED && vmm_free_complete(c->order.a, m);
+  if (c->shared) return m->pool == VMM_POOL_SHARED && vmm_free_complete(c->order.a, m);
+  return m->pool == c->pool && vmm_usable_on_stream(&c->order, m);
 }
 
-static vmm_mapping *take_pooled(vmm_arena *a, const vmm_request *req, size_t most) {
-  hit_ctx c = {{a, req->stream, -1}, req->kind, req->pool};
+static vmm_mapping *take_pooled(vmm_arena *a, const vmm_request *req, size_t most, bool shared) {
+  hit_ctx c = {{a, req->stream, -1}, req->kind, req->pool, shared};
   return vmm_pool_take(&a->store.pool, req->rounded, most, hit_usable, &c);
 }
 
 static vmm_status from_pool(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
   if (!pooling(a, req)) return NOTHING;
-  *out = take_pooled(a, req, reuse_limit(a, req));
+  *out = take_pooled(a, req, reuse_limit(a, req), false);
   if (*out) a->pool_hits++;
   else a->pool_misses++;
   return *out ? VMM_OK : NOTHING;
@@ -67,10 +68,10 @@ static vmm_status from_pool(vmm_arena *a, const vmm_request *req, vmm_mapping **
 /* Whole-process mode: a run of a larger pooled mapping's handles, in place, where they make the
  * request (outside a scope, up to 1/32 more); those before and after it stay pooled (no driver
  * call, as a caching allocator splits a block). */
-static vmm_status from_pool_run(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
+static vmm_status take_run(vmm_arena *a, const vmm_request *req, bool shared, vmm_mapping **out) {
   if (!a->cfg.caching || !pooling(a, req) || a->cfg.reuse != VMM_REUSE_EXACT) return NOTHING;
   if (vmm_pool_reserve(&a->store.pool, 2)) return NOTHING;
-  hit_ctx c = {{a, req->stream, -1}, req->kind, req->pool};
+  hit_ctx c = {{a, req->stream, -1}, req->kind, req->pool, shared};
   uint32_t first, count;
   vmm_mapping *m = vmm_pool_take_run(&a->store.pool, req->rounded, reuse_limit(a, req), hit_usable, &c, &first, &count);
   vmm_mapping *after = NULL;
@@ -83,6 +84,23 @@ static vmm_status from_pool_run(vmm_arena *a, const vmm_request *req, vmm_mappin
   else a->prefix_hits++;
   *out = run;
   return VMM_OK;
+}
+
+static vmm_status from_pool_run(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
+  return take_run(a, req, false, out);
+}
+
+/* Whole-process mode: a graph's request that its own pool cannot serve takes a shared pooled
+ * mapping of its size, or a run of one, whose free is known complete, with no driver call. Its
+ * own pool first: what the graph's pool holds is the graph's until the pool is released, so a
+ * shared mapping taken while the pool had one would be held twice. */
+static vmm_status from_shared_whole(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
+  if (!a->cfg.caching || req->pool == VMM_POOL_SHARED || !pooling(a, req)) return NOTHING;
+  if ((*out = take_pooled(a, req, reuse_limit(a, req), true)) != NULL) {
+    a->pool_misses--, a->pool_hits++; /* what from_pool counted a miss of the graph's pool is a hit */
+    return VMM_OK;
+  }
+  return take_run(a, req, true, out);
 }
 
 /* Whole-process mode: a retired range of exactly the request's size, its handles all pooled
@@ -107,7 +125,7 @@ static vmm_status from_new_memory(vmm_arena *a, const vmm_request *req, vmm_mapp
 
 static vmm_status from_any_pooled(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
   if (!pooling(a, req) || req->exact) return NOTHING;
-  *out = take_pooled(a, req, SIZE_MAX);
+  *out = take_pooled(a, req, SIZE_MAX, false);
   if (*out) a->pool_fallbacks++;
   return *out ? VMM_OK : NOTHING;
 }
@@ -143,6 +161,7 @@ static const struct {
     {false, from_pool},          /* pool hit: a pooled mapping the reuse policy allows, no driver call */
     {false, from_retired},       /* whole-process mode: a retired range of the size, its handles free again */
     {false, from_pool_run},      /* whole-process mode: a run of a larger pooled mapping's handles, in place */
+    {false, from_shared_whole},  /* whole-process mode, a graph's request: a complete shared mapping or run, whole */
     {false, from_refill},        /* VMMARENA_REFILL: new memory below the high-water mark, not several handles */
     {false, from_idle_and_new},  /* assembly: idle handles back to back, new memory only for the rest */
     {false, from_new_memory},    /* new memory: one handle, where nothing is kept */

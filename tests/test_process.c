@@ -1010,6 +1010,45 @@ static void a_graph_takes_a_complete_shared_mapping_whole(void **state) {
   tu_destroy(a);
 }
 
+/* A graph's request is served by its own pool before the shared cache: with a mapping of its
+ * size pooled in each (the shared one known complete, the newer), it takes its pool's, and the
+ * shared one stays for the eager request after the capture. Taking the shared one would hold
+ * both in the graph's pool until its release (kept graphs grew that way, 8 MiB a step). */
+static void a_graph_takes_its_own_pool_before_the_shared_cache(void **state) {
+  (void)state;
+  vmm_arena *a = whole_handles_arena();
+  void *s1 = alloc_in(a, 6 * MiB, T, S1, 0), *s2 = alloc_in(a, 6 * MiB, T, S1, 0);
+  tu_free(a, s1, S1);
+  tu_free(a, s2, S1);
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  assert_int_equal(vmm_arena_capture_begin(a, 7), VMM_OK);
+  fake_set_capturing(S2, 1);
+  void *g = alloc_in(a, 6 * MiB, T, S2, 7); /* the graph's pool is empty: a shared one, whole */
+  assert_true(g == s1 || g == s2);
+  tu_free(a, g, S2);
+  fake_set_capturing(S2, 0);
+  assert_int_equal(vmm_arena_capture_end(a, 7), VMM_OK);
+  void *e = alloc_in(a, 6 * MiB, T, S1, 0); /* the other one: the graph's is not the shared pool's */
+  assert_true(e != g && (e == s1 || e == s2));
+  tu_free(a, e, S1);
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  assert_int_equal(vmm_arena_capture_begin(a, 7), VMM_OK);
+  fake_set_capturing(S2, 1);
+  size_t from = fake_call_count();
+  void *h = alloc_in(a, 6 * MiB, T, S2, 7);
+  assert_ptr_equal(h, g);
+  assert_int_equal(mapping_calls_since(from), 0);
+  tu_free(a, h, S2);
+  fake_set_capturing(S2, 0);
+  assert_int_equal(vmm_arena_capture_end(a, 7), VMM_OK);
+  from = fake_call_count();
+  assert_ptr_equal(alloc_in(a, 6 * MiB, T, S1, 0), e); /* still shared: a hit */
+  assert_int_equal(mapping_calls_since(from), 0);
+  tu_free(a, e, S1);
+  assert_int_equal(vmm_arena_release_pool(a, 7), VMM_OK);
+  tu_destroy(a);
+}
+
 /* empty_cache, and a finish, leave a live graph's pooled memory mapped (its replays use it);
  * once the pool is released, empty_cache gives it back, with what is freed after the release. */
 static void a_live_graph_keeps_its_memory_through_empty_cache(void **state) {
@@ -1352,6 +1391,7 @@ int main(void) {
       cmocka_unit_test(a_graph_reuses_its_memory_in_new_ranges),
       cmocka_unit_test(a_graph_takes_a_pooled_mappings_first_handles),
       cmocka_unit_test(a_graph_takes_a_complete_shared_mapping_whole),
+      cmocka_unit_test(a_graph_takes_its_own_pool_before_the_shared_cache),
       cmocka_unit_test(frees_during_a_capture),
       cmocka_unit_test(calls_during_a_capture_are_relaxed),
       cmocka_unit_test(empty_cache_releases_outside_a_scope_only),
