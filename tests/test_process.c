@@ -637,9 +637,9 @@ static void early_take_apart_orders_the_stream_and_never_in_a_capture(void **sta
 
 /* ---- VMMARENA_REFILL ------------------------------------------------------------------ */
 
-/* Three pooled 2 MiB mappings after an empty_cache that left the high-water mark at 16 MiB. */
-static vmm_arena *refill_arena_with_three_pooled(double share) {
-  vmm_arena *a = process_arena_refill(0, VMM_RETAIN_AUTO, 64 * MiB, share);
+/* a, holding three pooled 2 MiB mappings after an empty_cache that left its high-water mark
+ * (and its live peak) at 16 MiB. */
+static vmm_arena *with_three_pooled(vmm_arena *a) {
   tu_free(a, alloc_in(a, 16 * MiB, T, S1, 0), S1);
   assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
   void *p[3];
@@ -649,12 +649,13 @@ static vmm_arena *refill_arena_with_three_pooled(double share) {
   return a;
 }
 
-/* below-peak:0.9: a miss that would map three cached handles gets one new handle while the
- * arena then holds at most 0.9 of its high-water mark (12 of 14.4 MiB); above it (22 MiB) it is
- * assembled, with no new memory. The cached mappings stay pooled meanwhile. */
-static void refill_creates_below_the_high_water_mark(void **state) {
-  (void)state;
-  vmm_arena *a = refill_arena_with_three_pooled(0.9);
+static vmm_arena *refill_arena_with_three_pooled(double share) {
+  return with_three_pooled(process_arena_refill(0, VMM_RETAIN_AUTO, 64 * MiB, share));
+}
+
+/* A 6 MiB miss on with_three_pooled's arena, refilled: one new handle, the arena then holding
+ * 12 MiB, the three cached mappings untouched. */
+static void *refilled_6_mib(vmm_arena *a) {
   size_t from = fake_call_count();
   void *x = alloc_in(a, 6 * MiB, T, S1, 0);
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 1);
@@ -662,13 +663,23 @@ static void refill_creates_below_the_high_water_mark(void **state) {
   vmm_snapshot s = snap(a);
   assert_int_equal(s.refills, 1);
   assert_int_equal(s.assemblies, 0);
-  assert_int_equal(s.retained_reusable_handles, 3); /* the three pooled mappings, untouched */
+  assert_int_equal(s.retained_reusable_handles, 3);
   assert_int_equal(usage(a).reserved_bytes, 12 * MiB);
+  return x;
+}
+
+/* below-peak:0.9: a miss that would map three cached handles gets one new handle while the
+ * arena then holds at most 0.9 of its high-water mark (12 of 14.4 MiB); above it (22 MiB) it is
+ * assembled, with no new memory. The cached mappings stay pooled meanwhile. */
+static void refill_creates_below_the_high_water_mark(void **state) {
+  (void)state;
+  vmm_arena *a = refill_arena_with_three_pooled(0.9);
+  void *x = refilled_6_mib(a);
   tu_free(a, x, S1);
-  from = fake_call_count();
+  size_t from = fake_call_count();
   void *y = alloc_in(a, 10 * MiB, T, S1, 0); /* 12 + 10 > 14.4 MiB: assembled from the cache */
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 0);
-  s = snap(a);
+  vmm_snapshot s = snap(a);
   assert_int_equal(s.refills, 1);
   assert_int_equal(s.assemblies, 1);
   assert_int_equal(usage(a).reserved_bytes, 12 * MiB);
@@ -734,24 +745,12 @@ static vmm_arena *process_arena_refill_live(double live_share) {
  * cached handles and 8 MiB new. */
 static void refill_creates_within_a_share_of_the_live_peak(void **state) {
   (void)state;
-  vmm_arena *a = process_arena_refill_live(1.25);
-  tu_free(a, alloc_in(a, 16 * MiB, T, S1, 0), S1);
-  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
-  void *p[3];
-  for (int i = 0; i < 3; i++) p[i] = alloc_in(a, 2 * MiB, T, S1, 0);
-  for (int i = 0; i < 3; i++) tu_free(a, p[i], S1);
+  vmm_arena *a = with_three_pooled(process_arena_refill_live(1.25));
+  void *x = refilled_6_mib(a);
   size_t from = fake_call_count();
-  void *x = alloc_in(a, 6 * MiB, T, S1, 0);
-  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 1);
-  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_map), 1);
-  vmm_snapshot s = snap(a);
-  assert_int_equal(s.refills, 1);
-  assert_int_equal(s.retained_reusable_handles, 3);
-  assert_int_equal(usage(a).reserved_bytes, 12 * MiB);
-  from = fake_call_count();
   void *y = alloc_in(a, 14 * MiB, T, S1, 0);
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_map), 4);
-  s = snap(a);
+  vmm_snapshot s = snap(a);
   assert_int_equal(s.refills, 1);
   assert_int_equal(s.assemblies, 1);
   assert_int_equal(s.assembly_created_bytes, 8 * MiB);
