@@ -162,7 +162,7 @@ static const struct {
     {false, from_retired},       /* whole-process mode: a retired range of the size, its handles free again */
     {false, from_pool_run},      /* whole-process mode: a run of a larger pooled mapping's handles, in place */
     {false, from_shared_whole},  /* whole-process mode, a graph's request: a complete shared mapping or run, whole */
-    {false, from_refill},        /* VMMARENA_REFILL: new memory below the high-water mark, not several handles */
+    {false, from_refill},        /* VMMARENA_REFILL: new memory within its mark, not several cached handles */
     {false, from_idle_and_new},  /* assembly: idle handles back to back, new memory only for the rest */
     {false, from_new_memory},    /* new memory: one handle, where nothing is kept */
     {true, from_any_pooled},     /* pooled fallback: any pooled mapping that fits, whatever its size */
