@@ -310,32 +310,23 @@ int vmm_torch_capture_begin(int device, uint64_t pool) {
   return st == VMM_OK ? VMM_OK : keep_arena_error(device, a, st);
 }
 
-int vmm_torch_capture_end(int device, uint64_t pool) {
+typedef vmm_status (*pool_op)(vmm_arena *a, vmm_pool_id pool);
+
+/* op on `device`'s arena and pool; VMM_OK with nothing to do when it has none (none is created). */
+static int on_existing(int device, pool_op op, vmm_pool_id pool) {
   if (!device_valid(device)) return VMM_ERR_INVALID_ARGUMENT;
   vmm_arena *a = __atomic_load_n(&arenas[device], __ATOMIC_ACQUIRE);
   if (!a) return VMM_OK;
-  vmm_status st = vmm_arena_capture_end(a, (vmm_pool_id)pool);
+  vmm_status st = op(a, pool);
   return st == VMM_OK ? VMM_OK : keep_arena_error(device, a, st);
 }
 
-int vmm_torch_release_pool(int device, uint64_t pool) {
-  if (!device_valid(device)) return VMM_ERR_INVALID_ARGUMENT;
-  vmm_arena *a = __atomic_load_n(&arenas[device], __ATOMIC_ACQUIRE);
-  if (!a) return VMM_OK;
-  vmm_status st = vmm_arena_release_pool(a, (vmm_pool_id)pool);
-  return st == VMM_OK ? VMM_OK : keep_arena_error(device, a, st);
-}
+static vmm_status quiesce(vmm_arena *a, vmm_pool_id none) { return (void)none, vmm_arena_quiesce(a); }
+static vmm_status reset_peaks(vmm_arena *a, vmm_pool_id none) { return (void)none, vmm_arena_reset_peaks(a); }
 
-/* op on `device`'s arena; VMM_OK with nothing to do when it has none (none is created). */
-static int on_existing(int device, arena_op op) {
-  if (!device_valid(device)) return VMM_ERR_INVALID_ARGUMENT;
-  vmm_arena *a = __atomic_load_n(&arenas[device], __ATOMIC_ACQUIRE);
-  if (!a) return VMM_OK;
-  vmm_status st = op(a);
-  return st == VMM_OK ? VMM_OK : keep_arena_error(device, a, st);
-}
-
-int vmm_torch_quiesce_existing(int device) { return on_existing(device, vmm_arena_quiesce); }
+int vmm_torch_capture_end(int device, uint64_t pool) { return on_existing(device, vmm_arena_capture_end, pool); }
+int vmm_torch_release_pool(int device, uint64_t pool) { return on_existing(device, vmm_arena_release_pool, pool); }
+int vmm_torch_quiesce_existing(int device) { return on_existing(device, quiesce, VMM_POOL_SHARED); }
 
 int vmm_torch_empty_cache(char *msg, size_t cap) {
   int first = VMM_OK;
@@ -363,7 +354,7 @@ int vmm_torch_usage(int device, vmm_usage *out) {
 
 size_t vmm_torch_usage_size(void) { return sizeof(vmm_usage); }
 
-int vmm_torch_reset_peaks(int device) { return on_existing(device, vmm_arena_reset_peaks); }
+int vmm_torch_reset_peaks(int device) { return on_existing(device, reset_peaks, VMM_POOL_SHARED); }
 
 /* ---- Trace files --------------------------------------------------------------------- */
 
