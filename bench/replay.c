@@ -547,6 +547,7 @@ static int replay(const options *o, const policy *p, const trace *t, const repla
   cfg.refill_share = o->refill_share;
   cfg.refill_live_share = o->refill_live_share;
   cfg.log_level = 0; /* refusals are counted, not logged */
+  cfg.unmap_in_background = o->driver != DRIVER_FAKE; /* the fake: every call in one order, run to run */
   if (o->driver == DRIVER_FAKE) {
     fake_options fo = {.capacity = o->capacity ? o->capacity : UNBOUNDED_CAPACITY,
                        .granularity = o->granularity,

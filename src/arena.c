@@ -339,6 +339,7 @@ void vmm_arena_destroy(vmm_arena *a) {
   a->destroying = true; /* failures are logged, and nothing is kept for a retry */
   vmm_pages_fini(a);
   vmm_stream_order_fini(a); /* waits for all work first */
+  vmm_unmapper_stop(a);
   vmm_retiring_fini(a);
   vmm_mapping *m;
   vmm_table_foreach(&a->table, i, m) {

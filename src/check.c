@@ -101,12 +101,13 @@ static int check_totals(const vmm_arena *a, const recount *c, char *why, size_t 
                     (unsigned long long)c->slot_bytes, (unsigned long long)a->allocated_bytes),
            -1;
   const vmm_ranges *r = &a->ranges;
-  size_t retiring = a->retiring.bytes;
-  if (r->free_bytes + c->mapped + c->paused + r->stuck_bytes + retiring != r->reserved_bytes)
+  size_t retiring = a->retiring.bytes, unmapping = a->unmapper.bytes;
+  if (r->free_bytes + c->mapped + c->paused + r->stuck_bytes + retiring + unmapping != r->reserved_bytes)
     return snprintf(why, cap,
-                    "VA accounting: %zu free + %llu mapped + %llu paused + %zu stuck + %zu retiring != %zu reserved",
+                    "VA accounting: %zu free + %llu mapped + %llu paused + %zu stuck + %zu retiring + %zu unmapping "
+                    "!= %zu reserved",
                     r->free_bytes, (unsigned long long)c->mapped, (unsigned long long)c->paused, r->stuck_bytes,
-                    retiring, r->reserved_bytes),
+                    retiring, unmapping, r->reserved_bytes),
            -1;
   return 0;
 }

@@ -81,6 +81,7 @@ void vmm_config_init(vmm_config *cfg) {
   cfg->reserve_bytes = (size_t)256 << 30;
   cfg->retain = VMM_RETAIN_AUTO;
   cfg->log_level = 1;
+  cfg->unmap_in_background = 1;
   cfg->pause_staging = VMM_STAGING_DEFAULT;
 }
 
@@ -197,6 +198,12 @@ static vmm_status set_log(const char *env, const char *value, vmm_config *cfg) {
   return usage(env, value, "expected off, error, info or debug");
 }
 
+static vmm_status set_unmap(const char *env, const char *value, int *out) {
+  if (!strcasecmp(value, "background")) return *out = 1, VMM_OK;
+  if (!strcasecmp(value, "inline")) return *out = 0, VMM_OK;
+  return usage(env, value, "expected background or inline");
+}
+
 /* "off" or "0" (synchronous copies), or a size of at least 1 MiB and at most 4 GiB, with
  * ",keep" to keep the staging while nothing is paused. */
 static vmm_status set_staging(const char *env, const char *value, size_t *out) {
@@ -231,6 +238,7 @@ static const struct setting {
     {"VMMARENA_PAUSE_STAGING", "pause_staging", 11},
     {"VMMARENA_CACHE", "cache", 12},
     {"VMMARENA_REFILL", "refill", 13},
+    {"VMMARENA_UNMAP", "unmap", 14},
 };
 
 static vmm_status apply(const struct setting *s, const char *value, vmm_config *cfg) {
@@ -258,6 +266,7 @@ static vmm_status apply(const struct setting *s, const char *value, vmm_config *
   case 11: return set_staging(s->env, value, &cfg->pause_staging);
   case 12: return set_switch(s->env, value, &cfg->caching);
   case 13: return set_refill(s->env, value, cfg);
+  case 14: return set_unmap(s->env, value, &cfg->unmap_in_background);
   }
   return VMM_ERR_INVALID_ARGUMENT;
 }

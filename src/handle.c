@@ -19,6 +19,7 @@ CUresult vmm_handle_create(vmm_arena *a, vmm_handle *h) {
 /* The one release. A failure keeps the handle idle (finish or destroy tries again) and is
  * recorded; while the arena is being destroyed it is logged and the handle forgotten. */
 vmm_status vmm_handle_release(vmm_arena *a, vmm_handle *h) {
+  vmm_unmapper_wait(a); /* a range still mapping h would keep its memory from the driver */
   CUresult r = VMM_DRV(a, mem_release, h->h);
   if (r == CUDA_SUCCESS || a->destroying) {
     if (r != CUDA_SUCCESS)

@@ -416,6 +416,31 @@ typedef struct vmm_retiring {
   uint64_t revived;     /* ranges that served a request again */
 } vmm_retiring;
 
+/* ---- Unmapping in the background (unmapper.c) ----------------------------------------- */
+
+/* A retired range handed to the unmapper thread; result: the driver's answer, once unmapped. */
+typedef struct vmm_unmap_job {
+  CUdeviceptr base;
+  size_t size;
+  uint32_t reservation;
+  CUresult result;
+} vmm_unmap_job;
+
+/* The jobs [0, done) are unmapped and wait to give their VA back (vmm_unmapper_collect, under
+ * the arena lock); [done, count) wait for the thread, which works on jobs[done] unlocked. */
+typedef struct vmm_unmapper {
+  pthread_mutex_t mu;
+  pthread_cond_t work, idle;
+  pthread_t thread;
+  bool running;          /* the thread is up */
+  bool failed;           /* it could not start: ranges are unmapped inline */
+  bool stopping;
+  vmm_unmap_job *jobs;
+  size_t done, count, cap;
+  size_t bytes;          /* VA of the jobs not yet collected: changed under the arena lock only */
+  uint64_t handed;       /* ranges handed to the thread so far */
+} vmm_unmapper;
+
 /* ---- Arena --------------------------------------------------------------------------- */
 
 struct vmm_arena {
@@ -435,6 +460,7 @@ struct vmm_arena {
 
   vmm_ranges ranges;
   vmm_retiring retiring;       /* old ranges of mappings taken apart early (retiring.c) */
+  vmm_unmapper unmapper;       /* retired ranges being unmapped off the allocation path (unmapper.c) */
   vmm_mapping_table table;
   vmm_store store;
   vmm_mapping *deferred_head;  /* frees waiting for a capture to end (stream_order.c) */
@@ -814,6 +840,19 @@ VMM_INTERNAL bool vmm_copier_run(vmm_arena *a, const vmm_copy_segment *seg, size
 VMM_INTERNAL bool vmm_copier_wait_streams(vmm_arena *a, vmm_mapping *const *list, size_t n, vmm_copy_error *err);
 /* Stops the threads and releases the staging and the streams (destroy). */
 VMM_INTERNAL void vmm_copier_stop(vmm_arena *a);
+
+/* ---- Unmapping in the background (unmapper.c); all under the arena lock ------------------ */
+/* Hands [base, base + size), mapped by nothing live and known idle on the device, to the
+ * unmapper thread (started at the first); false where the arena unmaps inline
+ * (VMMARENA_UNMAP=inline, destroy, no thread, or no host memory): the caller unmaps it. */
+VMM_INTERNAL bool vmm_unmapper_take(vmm_arena *a, CUdeviceptr base, size_t size, uint32_t reservation);
+/* Gives the VA of the ranges unmapped so far back to the free list (a failed one stays stuck). */
+VMM_INTERNAL void vmm_unmapper_collect(vmm_arena *a);
+/* Waits until every range handed over is unmapped, then collects: before memory goes back to
+ * the driver, so that a release frees what it counts. */
+VMM_INTERNAL void vmm_unmapper_wait(vmm_arena *a);
+/* Waits, stops the thread and frees the queue (destroy). */
+VMM_INTERNAL void vmm_unmapper_stop(vmm_arena *a);
 /* Records e under the arena lock as "CALL: WHAT; THEN" (call "pause(\"w\")", then what the
  * failure left); returns its status. */
 VMM_INTERNAL vmm_status vmm_copy_fail(vmm_arena *a, const vmm_copy_error *e, const char *call, const char *then);

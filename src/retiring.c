@@ -45,12 +45,14 @@ static vmm_retiring_range take_item(vmm_retiring *r, size_t i) {
   return x;
 }
 
-/* Unmaps item i and frees its range; a failed unmap keeps the range stuck (unmapped at
- * destroy), as an undo's failure does. Item i is replaced by the last. */
-static void unmap_one(vmm_arena *a, size_t i, const char *what) {
+/* Unmaps item i and frees its range, or with `background` hands it to the unmapper thread
+ * where there is one; a failed unmap keeps the range stuck (unmapped at destroy), as an undo's
+ * failure does. Item i is replaced by the last. */
+static void unmap_one(vmm_arena *a, size_t i, const char *what, bool background) {
   vmm_retiring_range x = take_item(&a->retiring, i);
   free(x.work.uses);
   free(x.handles);
+  if (background && vmm_unmapper_take(a, x.base, x.size, x.reservation)) return;
   CUresult res = VMM_DRV(a, mem_unmap, x.base, x.size);
   if (res == CUDA_SUCCESS) {
     vmm_ranges_free(a, x.base, x.size, x.reservation);
@@ -76,11 +78,12 @@ static size_t oldest_complete(vmm_arena *a) {
 
 void vmm_retiring_settle(vmm_arena *a) {
   vmm_retiring *r = &a->retiring;
+  vmm_unmapper_collect(a); /* the VA the thread has unmapped comes back first */
   for (size_t i = r->count; i-- > 0;) /* a graph's range waits for its pool's release */
     if (r->items[i].pool == VMM_POOL_SHARED && !r->items[i].handles && vmm_work_complete(a, &r->items[i].work))
-      unmap_one(a, i, "settling");
+      unmap_one(a, i, "settling", true);
   size_t i;
-  while (r->revivable > VMM_REVIVABLE_MAX && (i = oldest_complete(a)) != SIZE_MAX) unmap_one(a, i, "settling");
+  while (r->revivable > VMM_REVIVABLE_MAX && (i = oldest_complete(a)) != SIZE_MAX) unmap_one(a, i, "settling", true);
 }
 
 /* Item i can no longer serve again (its handles may go): it only retires. */
@@ -98,7 +101,7 @@ void vmm_retiring_unmap_holding(vmm_arena *a, vmm_handle *const *h, uint32_t n, 
   for (size_t i = r->count; i-- > 0;) {
     bool holds = false;
     for (uint32_t k = 0; k < r->items[i].handle_count && !holds; k++) holds = r->items[i].handles[k]->taken;
-    if (holds) unmap_one(a, i, what);
+    if (holds) unmap_one(a, i, what, false); /* its handles are released next */
   }
   for (uint32_t k = 0; k < n; k++) h[k]->taken = false;
 }
@@ -224,7 +227,7 @@ vmm_status vmm_retiring_revive(vmm_arena *a, const vmm_request *req, vmm_mapping
 void vmm_retiring_release_pool(vmm_arena *a, vmm_pool_id pool) {
   vmm_retiring *r = &a->retiring;
   for (size_t i = r->count; i-- > 0;)
-    if (r->items[i].pool == pool) unmap_one(a, i, "release_pool");
+    if (r->items[i].pool == pool) unmap_one(a, i, "release_pool", true);
 }
 
 /* Waits for stream s unless it captures (*skipped then). */
@@ -248,7 +251,7 @@ vmm_status vmm_retiring_drain(vmm_arena *a, const char *what) {
     for (uint32_t k = 0; k < w->use_count && st == VMM_OK && w->epoch >= a->epoch; k++)
       st = wait_stream(a, w->uses[k], what, &skipped);
     if (st != VMM_OK) return st;
-    if (!skipped) unmap_one(a, i, what);
+    if (!skipped) unmap_one(a, i, what, false); /* the cache is given back: no queue */
     else if (r->items[i].handles) forget_handles(r, i); /* mapped on, but its handles may go */
   }
   return VMM_OK;
@@ -256,7 +259,7 @@ vmm_status vmm_retiring_drain(vmm_arena *a, const char *what) {
 
 void vmm_retiring_fini(vmm_arena *a) {
   vmm_retiring *r = &a->retiring;
-  while (r->count) unmap_one(a, r->count - 1, "destroy");
+  while (r->count) unmap_one(a, r->count - 1, "destroy", false);
   free(r->items);
   r->items = NULL;
   r->cap = 0;

@@ -42,6 +42,7 @@ static void fill(const vmm_arena *a, vmm_snapshot *s) {
   s->revived_ranges = a->retiring.revived;
   s->refills = a->refills;
   s->run_hits = a->run_hits;
+  s->unmapped_in_background = a->unmapper.handed;
   s->oom_refusals = a->oom_refusals;
   s->limit_refusals = a->limit_refusals;
   s->headroom_refusals = a->headroom_refusals;
@@ -244,7 +245,7 @@ static const field assembly_fields[] = {
     FIELD(vmm_snapshot, assembly_created_bytes), FIELD(vmm_snapshot, pooled_taken_apart),
     FIELD(vmm_snapshot, pooled_taken_apart_early), FIELD(vmm_snapshot, retiring_ranges), FIELD(vmm_snapshot, prefix_hits),
     FIELD(vmm_snapshot, retiring_bytes), FIELD(vmm_snapshot, revived_ranges), FIELD(vmm_snapshot, refills),
-    FIELD(vmm_snapshot, run_hits),
+    FIELD(vmm_snapshot, run_hits), FIELD(vmm_snapshot, unmapped_in_background),
 };
 
 static const field usage_fields[] = {

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MIB ((size_t)1 << 20)
 #define GIB ((size_t)1 << 30)
@@ -314,7 +315,11 @@ static struct {
   uint64_t event_lag;  /* an event completes this many operations after its record */
   uint64_t synced_at;  /* the clock at the last synchronize: events recorded before are complete */
   int strict_capture;  /* an unsafe call during a capture, not in relaxed mode, is misuse */
+  pthread_t test_thread; /* the thread of the last reset: calls from others are logged as such */
 } fk;
+
+/* Calls from threads other than the test's wait this long first (fake_set_other_thread_delay). */
+static unsigned other_thread_delay_us;
 
 /* This thread's capture mode (cuThreadExchangeStreamCaptureMode). */
 static _Thread_local int tls_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
@@ -371,12 +376,18 @@ static void log_call(vmm_driver_entry entry, CUresult result, uintptr_t a0, uint
     fk.log = log;
     fk.log_cap = cap;
   }
-  fk.log[fk.log_len++] = (fake_call){entry, result, a0, a1};
+  fk.log[fk.log_len++] = (fake_call){entry, result, a0, a1, !pthread_equal(pthread_self(), fk.test_thread)};
+}
+
+static void other_thread_wait(void) {
+  unsigned us = __atomic_load_n(&other_thread_delay_us, __ATOMIC_RELAXED);
+  if (us && !pthread_equal(pthread_self(), fk.test_thread)) usleep(us);
 }
 
 /* Body of every entry point: lock, count, fail if a fault fires or else run `body`, log. */
 #define FAKE_CALL(field, a0, a1, body)                               \
   do {                                                               \
+    other_thread_wait();                                             \
     pthread_mutex_lock(&fk_lock);                                    \
     CUresult result_;                                                \
     if (!fault_fires(VMM_DRV_##field, &result_)) result_ = (body);   \
@@ -499,6 +510,7 @@ static void remove_mapping(mapping *m) {
   fk.mappings = avl_remove(fk.mappings, m->node.key);
   m->reservation->mappings--;
   handle *h = m->handle;
+  if (h->released) fk.ledger.released_mapped_bytes -= m->size;
   if (--h->mappings == 0 && h->released) free_handle(h);
   fk.ledger.live_mappings--;
   fk.ledger.mapped_bytes -= m->size;
@@ -730,6 +742,7 @@ static CUresult do_mem_release(CUmemGenericAllocationHandle id) {
   handle *h = hmap_del(&fk.handles, id);
   if (!h) return misuse(CUDA_ERROR_INVALID_VALUE, "unknown or released handle %llu", (unsigned long long)id);
   h->released = 1;
+  fk.ledger.released_mapped_bytes += h->mappings * h->size;
   fk.ledger.live_handles--;
   fk.ledger.live_handle_bytes -= h->size;
   if (h->mappings == 0) free_handle(h);
@@ -1104,11 +1117,15 @@ const struct vmm_driver *fake_driver_reset(const fake_options *opts) {
   fk.opts = resolved;
   for (int d = 0; d < FAKE_MAX_DEVICES; d++) fk.capacity[d] = resolved.capacity;
   fk.next_va = FAKE_VA_BASE;
+  fk.test_thread = pthread_self();
+  __atomic_store_n(&other_thread_delay_us, 0, __ATOMIC_RELAXED);
   pthread_mutex_unlock(&fk_lock);
   return &fake_table;
 }
 
 const struct vmm_driver *fake_driver(void) { return &fake_table; }
+
+void fake_set_other_thread_delay(unsigned us) { __atomic_store_n(&other_thread_delay_us, us, __ATOMIC_RELAXED); }
 
 void fake_fail_nth(vmm_driver_entry entry, unsigned nth, CUresult result, int persistent) {
   if ((unsigned)entry >= VMM_DRV_ENTRY_COUNT) return;

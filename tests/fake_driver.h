@@ -63,6 +63,9 @@ void fake_set_event_lag(uint64_t ops);
 void fake_advance_clock(uint64_t ops);
 /* Streams are any non-NULL pointer value the test invents; capture state is per stream. */
 void fake_set_capturing(CUstream stream, int capturing);
+/* Calls made on threads other than the one of the last reset wait `us` microseconds before
+ * they run (0, the default after a reset: none), so that a test can see what waits for them. */
+void fake_set_other_thread_delay(unsigned us);
 
 /* ---- Ledger -------------------------------------------------------------------------- */
 typedef struct fake_ledger {
@@ -77,6 +80,8 @@ typedef struct fake_ledger {
   size_t ctx_pushed;                      /* push minus pop */
   size_t primary_retained;                /* retain minus release */
   size_t calls_by_entry[VMM_DRV_ENTRY_COUNT];
+  size_t released_mapped_bytes;           /* of released handles, still mapped: memory the real
+                                             driver would still hold */
 } fake_ledger;
 
 void fake_get_ledger(fake_ledger *out);
@@ -92,6 +97,7 @@ typedef struct fake_call {
   vmm_driver_entry entry;
   CUresult result;
   uintptr_t a0, a1; /* first two arguments as integers: ptr/size, handle, stream, event ... */
+  int other_thread; /* made by a thread other than the one of the last reset */
 } fake_call;
 size_t fake_call_count(void);
 const fake_call *fake_call_at(size_t index);

@@ -542,19 +542,25 @@ static void early_take_apart_leaves_the_rest_pooled(void **state) {
   tu_destroy(a);
 }
 
-/* At most 256 retired ranges stay mapped to serve again; beyond, the oldest go, but only once
- * their work is known complete. */
-static void retired_ranges_kept_at_most_256_once_complete(void **state) {
-  (void)state;
-  vmm_arena *a = whole_handles_arena();
+/* 260 ranges retire, their work pending: two 2 MiB mappings are taken whole into each of 130
+ * 4 MiB ones, kept live in live[]. */
+static void retire_260_ranges(vmm_arena *a, void **live) {
   fake_set_events_pending(1);
-  void *live[130];
-  for (int i = 0; i < 130; i++) { /* two 2 MiB ranges retire into each 4 MiB mapping, kept live */
+  for (int i = 0; i < 130; i++) {
     void *x = alloc_in(a, 2 * MiB, T, S1, 0), *y = alloc_in(a, 2 * MiB, T, S1, 0);
     tu_free(a, x, S1);
     tu_free(a, y, S1);
     live[i] = alloc_in(a, 4 * MiB, T, S1, 0);
   }
+}
+
+/* At most 256 retired ranges stay mapped to serve again; beyond, the oldest go, but only once
+ * their work is known complete. */
+static void retired_ranges_kept_at_most_256_once_complete(void **state) {
+  (void)state;
+  vmm_arena *a = whole_handles_arena();
+  void *live[130];
+  retire_260_ranges(a, live);
   assert_int_equal(snap(a).retiring_ranges, 260); /* none known complete: none unmapped */
   assert_int_equal(fake_calls_since(0, VMM_DRV_mem_unmap), 0);
   fake_set_events_pending(0);
@@ -1103,6 +1109,123 @@ static void frees_during_a_capture(void **state) {
   tu_destroy(a);
 }
 
+/* ---- Unmapping in the background (VMMARENA_UNMAP=background) ---------------------------- */
+
+static vmm_arena *background_arena(void) {
+  fake_driver_reset(NULL);
+  vmm_config c = tu_config();
+  c.caching = 1;
+  c.handle_bound_bytes = 64 * MiB;
+  c.unmap_in_background = 1;
+  return tu_arena(NULL, &c);
+}
+
+/* Until the unmapper thread has unmapped every range handed to it. */
+static void wait_for_unmapper(vmm_arena *a) {
+  pthread_mutex_lock(&a->lock);
+  vmm_unmapper_wait(a);
+  pthread_mutex_unlock(&a->lock);
+}
+
+/* Until the thread has unmapped every range handed to it, their VA not yet collected. */
+static void until_unmapped(vmm_arena *a) {
+  for (bool busy = true; busy;) {
+    pthread_mutex_lock(&a->unmapper.mu);
+    busy = a->unmapper.done < a->unmapper.count;
+    pthread_mutex_unlock(&a->unmapper.mu);
+  }
+}
+
+/* Unmaps from `from` on, and of them those made off the test's thread. */
+static size_t unmaps_since(size_t from, bool other_thread_only) {
+  size_t n = 0;
+  for (size_t i = from; i < fake_call_count(); i++)
+    n += fake_call_at(i)->entry == VMM_DRV_mem_unmap && (!other_thread_only || fake_call_at(i)->other_thread);
+  return n;
+}
+
+/* 260 retired ranges, then a graph's capture wants a new range: the oldest four are handed to
+ * the arena's thread, which unmaps them in relaxed capture mode (the capture stays valid), and
+ * their VA comes back at the next settle. */
+static void retired_ranges_unmap_on_the_arenas_thread(void **state) {
+  (void)state;
+  vmm_arena *a = background_arena();
+  void *live[130];
+  retire_260_ranges(a, live);
+  fake_set_events_pending(0);
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  fake_set_strict_capture(1);
+  assert_int_equal(vmm_arena_capture_begin(a, 5), VMM_OK);
+  fake_set_capturing(S1, 1);
+  size_t from = fake_call_count();
+  void *g = alloc_in(a, 6 * MiB, T, S1, 5); /* a new range: the oldest four retired ones go */
+  vmm_snapshot sn = snap(a);
+  assert_int_equal(sn.retiring_ranges, 256);
+  assert_int_equal(sn.unmapped_in_background, 4);
+  until_unmapped(a);
+  assert_int_equal(unmaps_since(from, true), 4);
+  assert_int_equal(unmaps_since(from, false), 4); /* none on the allocating thread */
+  fake_ledger l;
+  fake_get_ledger(&l);
+  assert_int_equal(l.errors, 0);                 /* no unsafe call outside relaxed mode: the capture is valid */
+  assert_int_equal(a->unmapper.bytes, 8 * MiB); /* unmapped, the VA not yet back */
+  tu_check(a);                                   /* the VA accounting counts it */
+  void *h = alloc_in(a, 10 * MiB, T, S1, 5);     /* the next new range: the VA comes back first */
+  assert_int_equal(a->unmapper.bytes, 0);
+  tu_free(a, h, S1);
+  tu_free(a, g, S1);
+  fake_set_capturing(S1, 0);
+  assert_int_equal(vmm_arena_capture_end(a, 5), VMM_OK);
+  fake_set_strict_capture(0);
+  assert_int_equal(vmm_arena_release_pool(a, 5), VMM_OK);
+  for (int i = 0; i < 130; i++) tu_free(a, live[i], S1);
+  tu_destroy(a);
+}
+
+/* A handle goes back to the driver only once no range handed to the thread maps it: with the
+ * thread's calls slowed, empty_cache still leaves no released handle mapped. */
+static void empty_cache_waits_for_the_unmapper(void **state) {
+  (void)state;
+  vmm_arena *a = background_arena();
+  void *live[130];
+  retire_260_ranges(a, live);
+  fake_set_events_pending(0);
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  fake_set_other_thread_delay(20000);
+  tu_free(a, alloc_in(a, 6 * MiB, T, S1, 0), S1); /* four ranges handed over */
+  assert_int_equal(snap(a).unmapped_in_background, 4);
+  for (int i = 0; i < 130; i++) tu_free(a, live[i], S1);
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
+  fake_ledger l;
+  fake_get_ledger(&l);
+  assert_int_equal(l.released_mapped_bytes, 0);
+  assert_int_equal(l.live_handle_bytes, 0);
+  assert_int_equal(usage(a).reserved_bytes, 0);
+  tu_check(a);
+  tu_destroy(a);
+}
+
+/* A failed unmap on the thread keeps its range stuck, out of the free VA, and logged; the arena
+ * carries on, and destroy unmaps it. */
+static void a_failed_background_unmap_keeps_its_range(void **state) {
+  (void)state;
+  vmm_arena *a = background_arena();
+  void *live[130];
+  retire_260_ranges(a, live);
+  fake_set_events_pending(0);
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  fake_fail_nth(VMM_DRV_mem_unmap, 1, CUDA_ERROR_UNKNOWN, 0);
+  void *g = alloc_in(a, 6 * MiB, T, S1, 0);
+  wait_for_unmapper(a);
+  assert_int_equal(fake_faults_fired(), 1);
+  assert_int_equal(a->ranges.stuck_bytes, 2 * MiB);
+  assert_int_equal(a->unmapper.bytes, 0);
+  tu_check(a);
+  tu_free(a, g, S1);
+  for (int i = 0; i < 130; i++) tu_free(a, live[i], S1);
+  tu_destroy(a);
+}
+
 /* While a capture is underway, the arena's calls run in relaxed capture mode, so that a
  * capture begun in global mode (torch.cuda.graph's) is not invalidated by them. */
 static void calls_during_a_capture_are_relaxed(void **state) {
@@ -1392,7 +1515,8 @@ int main(void) {
       cmocka_unit_test(a_graph_takes_a_complete_shared_mapping_whole),
       cmocka_unit_test(a_graph_takes_its_own_pool_before_the_shared_cache),
       cmocka_unit_test(frees_during_a_capture),
-      cmocka_unit_test(calls_during_a_capture_are_relaxed),
+      cmocka_unit_test(calls_during_a_capture_are_relaxed), cmocka_unit_test(retired_ranges_unmap_on_the_arenas_thread),
+      cmocka_unit_test(empty_cache_waits_for_the_unmapper), cmocka_unit_test(a_failed_background_unmap_keeps_its_range),
       cmocka_unit_test(empty_cache_releases_outside_a_scope_only),
       cmocka_unit_test(refused_memory_releases_the_cache),
       cmocka_unit_test(usage_and_peaks),

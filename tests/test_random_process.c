@@ -161,13 +161,15 @@ static void op_control(model *m) {
 }
 
 /* The model's run; with a refill share (VMMARENA_REFILL=below-peak:F) misses below the
- * high-water mark get new memory in place of several cached handles. */
-static void run_model(double refill) {
+ * high-water mark get new memory in place of several cached handles; with `background` the
+ * arena's thread unmaps retired ranges (the calls' order then varies from run to run). */
+static void run_model(double refill, int background) {
   fake_driver_reset(NULL);
   vmm_config c = tu_config();
   c.caching = 1;
   c.retain = VMM_RETAIN_AUTO;
   c.refill_share = refill;
+  c.unmap_in_background = background;
   model m = {.a = tu_arena(NULL, &c), .rng = 0x9e3779b97f4a7c15ull};
   const char *env = getenv("VMMARENA_RANDOM_PROCESS_OPS");
   size_t steps = env ? strtoul(env, NULL, 10) : STEPS;
@@ -186,6 +188,7 @@ static void run_model(double refill) {
          (unsigned long long)s.pooled_taken_apart_early, (unsigned long long)s.refills);
   if (steps >= STEPS) assert_true(s.prefix_hits > 0 && s.revived_ranges > 0); /* the model went through both paths */
   if (steps >= STEPS) assert_true(refill > 0.0 ? s.refills > 0 : s.refills == 0);
+  if (steps >= STEPS) assert_true(background ? s.unmapped_in_background > 0 : s.unmapped_in_background == 0);
   if (m.capture) {
     fake_set_capturing(TU_STREAM(1), 0);
     assert_int_equal(vmm_arena_capture_end(m.a, m.capture), VMM_OK);
@@ -208,15 +211,21 @@ static void run_model(double refill) {
 
 static void random_operations(void **state) {
   (void)state;
-  run_model(0.0);
+  run_model(0.0, 0);
 }
 
 static void random_operations_with_refill(void **state) {
   (void)state;
-  run_model(0.9);
+  run_model(0.9, 0);
+}
+
+static void random_operations_unmapping_in_the_background(void **state) {
+  (void)state;
+  run_model(0.0, 1);
 }
 
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(random_operations), cmocka_unit_test(random_operations_with_refill)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(random_operations), cmocka_unit_test(random_operations_with_refill),
+                                     cmocka_unit_test(random_operations_unmapping_in_the_background)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,6 +5,7 @@
  * (VMMARENA_STRESS_SECONDS, default 5). A shadow list of live ranges asserts that no two
  * allocations ever overlap. Meant to run clean under ThreadSanitizer (tests/run-tsan). */
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -278,8 +279,17 @@ static void *worker_main(void *arg) {
 }
 
 typedef struct controller {
-  uint64_t finished, aborted, snapshots, quiesces;
+  bool whole_process; /* empty_cache in place of scopes */
+  uint64_t finished, aborted, snapshots, quiesces, emptied;
 } controller;
+
+/* Whole-process mode: no scopes; now and then the cache goes back (the unmapper drained first). */
+static void empty_now_and_then(controller *c, uint64_t *rng) {
+  if (next_random(rng) % 4) return;
+  vmm_status st = vmm_arena_empty_cache(stress_arena);
+  if (st != VMM_OK) fail_stress("empty_cache: %s", vmm_status_name(st));
+  c->emptied++;
+}
 
 static void *controller_main(void *arg) {
   controller *c = arg;
@@ -287,7 +297,7 @@ static void *controller_main(void *arg) {
   char *json = malloc(1 << 20);
   char why[256];
   while (running()) {
-    vmm_status st = vmm_retention_begin(stress_arena);
+    vmm_status st = c->whole_process ? VMM_OK : vmm_retention_begin(stress_arena);
     if (st != VMM_OK) {
       fail_stress("begin: %s", vmm_status_name(st));
       break;
@@ -308,6 +318,10 @@ static void *controller_main(void *arg) {
       if (st != VMM_OK) fail_stress("quiesce: %s", vmm_status_name(st));
       c->quiesces++;
     }
+    if (c->whole_process) {
+      empty_now_and_then(c, &rng);
+      continue;
+    }
     vmm_snapshot s;
     vmm_arena_snapshot(stress_arena, &s);
     uint64_t abandoned = s.kind[0].abandoned_bytes + s.kind[1].abandoned_bytes;
@@ -324,26 +338,63 @@ static void *controller_main(void *arg) {
   return NULL;
 }
 
-static void threads_on_one_arena(void **state) {
-  (void)state;
-  const char *env = getenv("VMMARENA_STRESS_SECONDS");
-  double seconds = env ? atof(env) : 5.0;
+/* The workers and the controller on one arena until the deadline; the arena is left for the
+ * caller's checks. */
+static void run_threads(vmm_config *cfg, controller *ctl, worker *workers, double seconds) {
   fake_options opts = {.record_calls = -1, .capacity = 1024 * GiB, .va_space = 4096 * GiB};
-  vmm_config cfg = tu_config();
-  cfg.reuse = VMM_REUSE_BEST_FIT; /* more reuse across sizes, more interleavings */
-  stress_arena = tu_arena(&opts, &cfg);
+  stress_arena = tu_arena(&opts, cfg);
   deadline_ns = now_ns() + (uint64_t)(seconds * 1e9);
   pthread_t threads[WORKERS + 1];
-  worker workers[WORKERS];
-  controller ctl = {0};
   for (int i = 0; i < WORKERS; i++) {
     workers[i] = (worker){.id = i};
     assert_int_equal(pthread_create(&threads[i], NULL, worker_main, &workers[i]), 0);
   }
-  assert_int_equal(pthread_create(&threads[WORKERS], NULL, controller_main, &ctl), 0);
+  assert_int_equal(pthread_create(&threads[WORKERS], NULL, controller_main, ctl), 0);
   for (int i = 0; i <= WORKERS; i++) pthread_join(threads[i], NULL);
   if (failure[0]) fail_msg("%s", failure);
+}
 
+static double stress_seconds(void) {
+  const char *env = getenv("VMMARENA_STRESS_SECONDS");
+  return env ? atof(env) : 5.0;
+}
+
+/* Whole-process mode with retired ranges unmapped on the arena's thread, against workers
+ * freeing on each other's streams and a controller emptying the cache. */
+static void threads_on_one_whole_process_arena(void **state) {
+  (void)state;
+  double seconds = stress_seconds();
+  vmm_config cfg = tu_config();
+  cfg.caching = 1;
+  cfg.retain = VMM_RETAIN_AUTO;
+  cfg.unmap_in_background = 1;
+  worker workers[WORKERS];
+  controller ctl = {.whole_process = true};
+  run_threads(&cfg, &ctl, workers, seconds);
+  uint64_t allocs = 0, frees = 0;
+  for (int i = 0; i < WORKERS; i++) allocs += workers[i].allocs, frees += workers[i].frees;
+  vmm_snapshot s;
+  assert_int_equal(vmm_arena_snapshot(stress_arena, &s), VMM_OK);
+  assert_int_equal(s.allocs, allocs);
+  assert_int_equal(allocs, frees);
+  assert_int_equal(s.fatal_status, VMM_OK);
+  assert_int_equal(shadow_count, 0);
+  assert_true(s.unmapped_in_background > 0);
+  printf("whole-process stress: %.1f s, %llu allocs, %llu ranges unmapped in the background, %llu empty_cache\n",
+         seconds, (unsigned long long)allocs, (unsigned long long)s.unmapped_in_background,
+         (unsigned long long)ctl.emptied);
+  tu_check(stress_arena);
+  tu_destroy(stress_arena);
+}
+
+static void threads_on_one_arena(void **state) {
+  (void)state;
+  double seconds = stress_seconds();
+  vmm_config cfg = tu_config();
+  cfg.reuse = VMM_REUSE_BEST_FIT; /* more reuse across sizes, more interleavings */
+  worker workers[WORKERS];
+  controller ctl = {0};
+  run_threads(&cfg, &ctl, workers, seconds);
   uint64_t allocs = 0, frees = 0;
   for (int i = 0; i < WORKERS; i++) allocs += workers[i].allocs, frees += workers[i].frees;
   vmm_snapshot s;
@@ -367,6 +418,7 @@ static void threads_on_one_arena(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(abort_during_free),
+      cmocka_unit_test(threads_on_one_whole_process_arena),
       cmocka_unit_test(abort_while_free_waits_for_capture),
       cmocka_unit_test(finish_during_free),
       cmocka_unit_test(begin_during_free),
