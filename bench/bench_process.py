@@ -34,7 +34,10 @@ Every worker starts at once (imports, CUDA, the model); the timed parts run one 
 
 With --repeat N every catalog runs N rounds, each mode in a process of its own per round, the
 modes' order reversed in every other round (so no mode is always first): a mode's warmup is
-its fastest round and its peak its highest, and the table lists every round's time.
+its fastest round and its peak its highest, and the table lists every round's time and the
+median's ratio to native's median. The first timed run of a call is the slowest (the device
+and the host warm up), so a call begins with one untimed native run of the first catalog
+(--no-burn-in leaves it out).
 
 A mode may carry settings of its own: `process:VMMARENA_HANDLE_BOUND=64M` is process with that
 variable set (several: `process:A=1:B=2`; `{catalog}` in a value becomes the catalog's name), so
@@ -48,6 +51,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -255,15 +259,16 @@ def summary(r):
 
 
 def merge_round(by_mode, r):
-    """Folds one round's result into its mode's: the fastest warmup, the highest peak, the
-    largest logits difference, every round's time."""
-    r = dict(r, warmup_rounds=[r["warmup_s"]])
+    """Folds one round's result into its mode's: the fastest warmup, the median, the highest
+    peak, the largest logits difference, every round's time."""
+    r = dict(r, warmup_rounds=[r["warmup_s"]], warmup_median_s=r["warmup_s"])
     old = by_mode.get(r["mode"])
     if old is None:
         by_mode[r["mode"]] = r
         return
     old["warmup_rounds"] += r["warmup_rounds"]
     old["warmup_s"] = min(old["warmup_s"], r["warmup_s"])
+    old["warmup_median_s"] = statistics.median(old["warmup_rounds"])
     for key in ("peak_bytes", "live_peak_bytes", "vmm_physical_peak_bytes", "max_abs_diff_vs_native"):
         if old.get(key) is not None and r.get(key) is not None:
             old[key] = max(old[key], r[key])
@@ -293,13 +298,16 @@ def report_catalog(name, modes):
     live = native and native["live_peak_bytes"]
     print(f"\n### {name}: {torch_workload.get(name).describe()}\n")
     print(f"live tensor bytes at peak under native (max_memory_allocated): {live / GIB:.2f} GiB\n" if live else "")
-    print("| mode | physical peak | / live bytes | vs expandable | warmup | vs native | rounds | logits max abs diff |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+    print("| mode | physical peak | / live bytes | vs expandable | warmup | vs native | median vs native | rounds | "
+          "logits max abs diff |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
     for mode, r in modes.items():
         rounds = " ".join(f"{t:.2f}" for t in r.get("warmup_rounds", [r["warmup_s"]]))
+        median = r.get("warmup_median_s", r["warmup_s"])
         print(f"| {mode} | {r['peak_bytes'] / GIB:.2f} GiB | {ratio(r['peak_bytes'], live)} | "
               f"{ratio(r['peak_bytes'], expandable and expandable['peak_bytes'])} | {r['warmup_s']:.2f} s | "
-              f"{ratio(r['warmup_s'], native and native['warmup_s'])} | {rounds} | "
+              f"{ratio(r['warmup_s'], native and native['warmup_s'])} | "
+              f"{ratio(median, native and native.get('warmup_median_s', native['warmup_s']))} | {rounds} | "
               f"{r.get('max_abs_diff_vs_native', float('nan')):.3g} |")
     checks = []
     for mode, r in modes.items():
@@ -345,6 +353,7 @@ def main():
     parser.add_argument("--pairs", type=int, default=20000, help="timed pairs per size on the hot path")
     parser.add_argument("--no-hotpath", action="store_true")
     parser.add_argument("--repeat", type=int, default=1, help="rounds of each catalog (fastest time, highest peak)")
+    parser.add_argument("--no-burn-in", action="store_true", help="no untimed native run first")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -363,6 +372,8 @@ def main():
     jobs = [] if args.no_hotpath else [{"hotpath": True, "mode": m, "pairs": args.pairs} for m in HOT_MODES]
     if args.repeat < 1:
         parser.error("--repeat takes a positive count")
+    if not args.no_burn_in:
+        jobs.append({"catalog": catalogs[0], "mode": "native", "seed": args.seed, "round": -1, "burn_in": True})
     jobs += [{"catalog": c, "mode": m, "seed": args.seed, "round": k} for k in range(args.repeat) for c in catalogs
              for m in (modes if k % 2 == 0 else modes[::-1])]
     library = record_trace.find_library(args.library)
@@ -371,6 +382,8 @@ def main():
         attach_logit_diffs(jobs, results)
     runs, hot = {}, {}
     for i, r in sorted(results.items()):
+        if jobs[i].get("burn_in"):
+            continue
         if jobs[i].get("hotpath"):
             hot[r["mode"]] = r
         else:

@@ -473,6 +473,7 @@ vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode 
   vmm_status st = VMM_OK;
   vmm_retiring_settle(a); /* a new range is wanted: the ranges whose work is done go back first */
   size_t done = 0;
+  vmm_unmapper_mapping(a, +1); /* the arena's thread starts no unmap until the mapping is done */
   for (; done < sizeof steps / sizeof steps[0] && st == VMM_OK; done++) st = steps[done].run(a, &x);
   if (st == VMM_OK) {
     commit(a, &x);
@@ -481,6 +482,7 @@ vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode 
     for (done--; done-- > 0;) /* the failed step undid itself */
       if (steps[done].undo) steps[done].undo(a, &x);
   }
+  vmm_unmapper_mapping(a, -1);
   free(x.p.use);
   free(x.p.apart);
   return st;

@@ -438,6 +438,8 @@ typedef struct vmm_unmapper {
   vmm_unmap_job *jobs;
   size_t done, count, cap;
   size_t bytes;          /* VA of the jobs not yet collected: changed under the arena lock only */
+  int mapping;           /* atomic: the arena is mapping (an assembly): the thread starts no unmap */
+  int draining;          /* atomic: a wait or stop is under way: the thread no longer yields */
   uint64_t handed;       /* ranges handed to the thread so far */
 } vmm_unmapper;
 
@@ -846,6 +848,9 @@ VMM_INTERNAL void vmm_copier_stop(vmm_arena *a);
  * unmapper thread (started at the first); false where the arena unmaps inline
  * (VMMARENA_UNMAP=inline, destroy, no thread, or no host memory): the caller unmaps it. */
 VMM_INTERNAL bool vmm_unmapper_take(vmm_arena *a, CUdeviceptr base, size_t size, uint32_t reservation);
+/* An assembly's driver calls begin (+1) or end (-1): the thread starts no unmap meanwhile, since
+ * the driver makes mapping calls wait for an unmap under way. */
+VMM_INTERNAL void vmm_unmapper_mapping(vmm_arena *a, int delta);
 /* Gives the VA of the ranges unmapped so far back to the free list (a failed one stays stuck). */
 VMM_INTERNAL void vmm_unmapper_collect(vmm_arena *a);
 /* Waits until every range handed over is unmapped, then collects: before memory goes back to

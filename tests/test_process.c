@@ -4,6 +4,7 @@
  * with the invariant checker and a clean ledger (tu_destroy). */
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "internal.h"
 #include "test_util.h"
@@ -1182,6 +1183,31 @@ static void retired_ranges_unmap_on_the_arenas_thread(void **state) {
   tu_destroy(a);
 }
 
+/* The thread starts no unmap while the arena maps (the driver would make the mapping wait for
+ * it); a wait for the queue from inside such a window still returns. */
+static void the_thread_waits_while_the_arena_maps(void **state) {
+  (void)state;
+  vmm_arena *a = background_arena();
+  void *live[130];
+  retire_260_ranges(a, live);
+  fake_set_events_pending(0);
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  vmm_unmapper_mapping(a, +1); /* as an assembly on another thread would */
+  size_t from = fake_call_count();
+  void *g = alloc_in(a, 6 * MiB, T, S1, 0); /* four ranges handed over */
+  assert_int_equal(snap(a).unmapped_in_background, 4);
+  struct timespec nap = {0, 30 * 1000 * 1000};
+  nanosleep(&nap, NULL);
+  assert_int_equal(unmaps_since(from, false), 0);
+  wait_for_unmapper(a); /* drains past the window */
+  assert_int_equal(unmaps_since(from, true), 4);
+  vmm_unmapper_mapping(a, -1);
+  tu_check(a);
+  tu_free(a, g, S1);
+  for (int i = 0; i < 130; i++) tu_free(a, live[i], S1);
+  tu_destroy(a);
+}
+
 /* A handle goes back to the driver only once no range handed to the thread maps it: with the
  * thread's calls slowed, empty_cache still leaves no released handle mapped. */
 static void empty_cache_waits_for_the_unmapper(void **state) {
@@ -1516,6 +1542,7 @@ int main(void) {
       cmocka_unit_test(a_graph_takes_its_own_pool_before_the_shared_cache),
       cmocka_unit_test(frees_during_a_capture),
       cmocka_unit_test(calls_during_a_capture_are_relaxed), cmocka_unit_test(retired_ranges_unmap_on_the_arenas_thread),
+      cmocka_unit_test(the_thread_waits_while_the_arena_maps),
       cmocka_unit_test(empty_cache_waits_for_the_unmapper), cmocka_unit_test(a_failed_background_unmap_keeps_its_range),
       cmocka_unit_test(empty_cache_releases_outside_a_scope_only),
       cmocka_unit_test(refused_memory_releases_the_cache),
