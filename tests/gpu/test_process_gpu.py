@@ -292,6 +292,35 @@ def test_empty_cache_returns_memory_to_the_driver():
           f"{left['cached_bytes']} bytes still cached with {left['pages']} page(s) carved")
 
 
+def test_empty_cache_waits_for_background_unmaps():
+    # 2 MiB pairs stitched into 4 MiB tensors retire two ranges each; past 256 kept, the oldest
+    # go to the arena's unmapper thread. The real driver frees a released handle's memory only
+    # once no range maps it, so empty_cache must hand back what vmmarena says it released.
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    handed = vmmarena.snapshot(DEV)["pool"].get("unmapped_in_background", 0)
+    kept = []
+    for _ in range(160):
+        x = torch.empty(2 * MiB, dtype=torch.uint8, device="cuda").fill_(1)
+        y = torch.empty(2 * MiB, dtype=torch.uint8, device="cuda").fill_(1)
+        del x, y
+        kept.append(torch.empty(4 * MiB, dtype=torch.uint8, device="cuda").fill_(2))
+    torch.cuda.synchronize()
+    kept.append(torch.empty(6 * MiB, dtype=torch.uint8, device="cuda"))  # a new range: the oldest retired go
+    handed = vmmarena.snapshot(DEV)["pool"].get("unmapped_in_background", 0) - handed
+    check(handed > 0, "no retired range went to the unmapper thread: nothing to wait for")
+    del kept
+    torch.cuda.synchronize()
+    reserved, free_before = torch.cuda.memory_reserved(), torch.cuda.mem_get_info(DEV)[0]
+    torch.cuda.empty_cache()
+    released = reserved - torch.cuda.memory_reserved()
+    gained = torch.cuda.mem_get_info(DEV)[0] - free_before
+    print(f"  {handed} ranges unmapped in the background; empty_cache released {released / MiB:.0f} MiB, "
+          f"the device gained {gained / MiB:.0f} MiB")
+    check(released >= 640 * MiB, f"empty_cache released only {released} bytes of the 646 MiB freed")
+    check(gained >= released - 16 * MiB, f"vmmarena released {released} bytes, the device gained {gained}")
+
+
 def driver_calls(name):
     return vmmarena.snapshot(DEV)["driver"].get(name, {}).get("calls", 0)
 
@@ -446,6 +475,7 @@ TESTS = [
     test_record_stream_delays_reuse,
     test_free_on_a_side_stream_is_ordered_before_reuse_on_main,
     test_empty_cache_returns_memory_to_the_driver,
+    test_empty_cache_waits_for_background_unmaps,
     test_pause_takes_exactly_one_tags_tensors,
     test_checkpointing_of_cudagraph_trees_fails_clearly,
     test_graph_replay_unchanged_after_eager_churn,
