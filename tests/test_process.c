@@ -1121,6 +1121,21 @@ static vmm_arena *background_arena(void) {
   return tu_arena(NULL, &c);
 }
 
+/* A background arena with 260 retired ranges whose work is complete (live[]: the 130 live
+ * mappings that hold their handles). */
+static vmm_arena *background_arena_retired(void **live) {
+  vmm_arena *a = background_arena();
+  retire_260_ranges(a, live);
+  fake_set_events_pending(0);
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  return a;
+}
+
+static void free_live_and_destroy(vmm_arena *a, void **live) {
+  for (int i = 0; i < 130; i++) tu_free(a, live[i], S1);
+  tu_destroy(a);
+}
+
 /* Until the unmapper thread has unmapped every range handed to it. */
 static void wait_for_unmapper(vmm_arena *a) {
   pthread_mutex_lock(&a->lock);
@@ -1150,11 +1165,8 @@ static size_t unmaps_since(size_t from, bool other_thread_only) {
  * their VA comes back at the next settle. */
 static void retired_ranges_unmap_on_the_arenas_thread(void **state) {
   (void)state;
-  vmm_arena *a = background_arena();
   void *live[130];
-  retire_260_ranges(a, live);
-  fake_set_events_pending(0);
-  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  vmm_arena *a = background_arena_retired(live);
   fake_set_strict_capture(1);
   assert_int_equal(vmm_arena_capture_begin(a, 5), VMM_OK);
   fake_set_capturing(S1, 1);
@@ -1179,19 +1191,15 @@ static void retired_ranges_unmap_on_the_arenas_thread(void **state) {
   assert_int_equal(vmm_arena_capture_end(a, 5), VMM_OK);
   fake_set_strict_capture(0);
   assert_int_equal(vmm_arena_release_pool(a, 5), VMM_OK);
-  for (int i = 0; i < 130; i++) tu_free(a, live[i], S1);
-  tu_destroy(a);
+  free_live_and_destroy(a, live);
 }
 
 /* The thread starts no unmap while the arena maps (the driver would make the mapping wait for
  * it); a wait for the queue from inside such a window still returns. */
 static void the_thread_waits_while_the_arena_maps(void **state) {
   (void)state;
-  vmm_arena *a = background_arena();
   void *live[130];
-  retire_260_ranges(a, live);
-  fake_set_events_pending(0);
-  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  vmm_arena *a = background_arena_retired(live);
   vmm_unmapper_mapping(a, +1); /* as an assembly on another thread would */
   size_t from = fake_call_count();
   void *g = alloc_in(a, 6 * MiB, T, S1, 0); /* four ranges handed over */
@@ -1204,19 +1212,15 @@ static void the_thread_waits_while_the_arena_maps(void **state) {
   vmm_unmapper_mapping(a, -1);
   tu_check(a);
   tu_free(a, g, S1);
-  for (int i = 0; i < 130; i++) tu_free(a, live[i], S1);
-  tu_destroy(a);
+  free_live_and_destroy(a, live);
 }
 
 /* A handle goes back to the driver only once no range handed to the thread maps it: with the
  * thread's calls slowed, empty_cache still leaves no released handle mapped. */
 static void empty_cache_waits_for_the_unmapper(void **state) {
   (void)state;
-  vmm_arena *a = background_arena();
   void *live[130];
-  retire_260_ranges(a, live);
-  fake_set_events_pending(0);
-  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  vmm_arena *a = background_arena_retired(live);
   fake_set_other_thread_delay(20000);
   tu_free(a, alloc_in(a, 6 * MiB, T, S1, 0), S1); /* four ranges handed over */
   assert_int_equal(snap(a).unmapped_in_background, 4);
@@ -1235,11 +1239,8 @@ static void empty_cache_waits_for_the_unmapper(void **state) {
  * carries on, and destroy unmaps it. */
 static void a_failed_background_unmap_keeps_its_range(void **state) {
   (void)state;
-  vmm_arena *a = background_arena();
   void *live[130];
-  retire_260_ranges(a, live);
-  fake_set_events_pending(0);
-  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  vmm_arena *a = background_arena_retired(live);
   fake_fail_nth(VMM_DRV_mem_unmap, 1, CUDA_ERROR_UNKNOWN, 0);
   void *g = alloc_in(a, 6 * MiB, T, S1, 0);
   wait_for_unmapper(a);
@@ -1248,8 +1249,7 @@ static void a_failed_background_unmap_keeps_its_range(void **state) {
   assert_int_equal(a->unmapper.bytes, 0);
   tu_check(a);
   tu_free(a, g, S1);
-  for (int i = 0; i < 130; i++) tu_free(a, live[i], S1);
-  tu_destroy(a);
+  free_live_and_destroy(a, live);
 }
 
 /* While a capture is underway, the arena's calls run in relaxed capture mode, so that a
