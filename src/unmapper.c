@@ -1,6 +1,6 @@
 /* Unmapping in the background (whole-process mode, VMMARENA_UNMAP=background): a retired
  * range maps handles that already serve elsewhere or wait idle, so unmapping it frees nothing;
- * yet cuMemUnmap costs 60 to 130 us a call, most of it while the device is busy. One thread per
+ * yet cuMemUnmap costs 95 to 180 us a call while the device is busy (H200). One thread per
  * arena makes those calls instead of the allocation path, and the arena takes the VA back under
  * its lock at its next settle. Before any handle goes back to the driver the arena waits for
  * the queue (vmm_unmapper_wait), so what a release counts as freed is freed. The thread calls
