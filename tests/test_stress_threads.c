@@ -294,7 +294,8 @@ static void empty_now_and_then(controller *c, uint64_t *rng) {
 static void *controller_main(void *arg) {
   controller *c = arg;
   uint64_t rng = 12345;
-  char *json = malloc(1 << 20);
+  size_t json_cap = 1 << 20;
+  char *json = malloc(json_cap);
   char why[256];
   while (running()) {
     vmm_status st = c->whole_process ? VMM_OK : vmm_retention_begin(stress_arena);
@@ -306,7 +307,12 @@ static void *controller_main(void *arg) {
       vmm_snapshot s;
       if (vmm_arena_snapshot(stress_arena, &s) != VMM_OK) fail_stress("snapshot failed");
       size_t needed = 0;
-      st = vmm_arena_snapshot_json(stress_arena, json, 1 << 20, &needed);
+      st = vmm_arena_snapshot_json(stress_arena, json, json_cap, &needed);
+      char *grown = st == VMM_ERR_INVALID_ARGUMENT && needed > json_cap ? realloc(json, 2 * needed) : NULL;
+      if (grown) { /* the mappings listed outgrew it (more under a loaded host): grow, as a caller would */
+        json = grown, json_cap = 2 * needed;
+        st = vmm_arena_snapshot_json(stress_arena, json, json_cap, &needed);
+      }
       if (st != VMM_OK) fail_stress("snapshot_json: %s (needs %zu bytes)", vmm_status_name(st), needed);
       if (vmm_arena_check(stress_arena, why, sizeof why)) fail_stress("vmm_arena_check: %s", why);
       c->snapshots++;
