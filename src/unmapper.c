@@ -124,7 +124,7 @@ void vmm_unmapper_collect(vmm_arena *a) {
 
 void vmm_unmapper_wait(vmm_arena *a) {
   vmm_unmapper *u = &a->unmapper;
-  if (!u->running) return;
+  if (!u->running || !u->bytes) return; /* nothing handed over since the last collect */
   __atomic_store_n(&u->draining, 1, __ATOMIC_RELEASE); /* from inside an assembly too */
   pthread_mutex_lock(&u->mu);
   while (u->done < u->count) pthread_cond_wait(&u->idle, &u->mu);

@@ -862,6 +862,9 @@ static void create_bad_config(void **state) {
   expect_create_error(&cfg, VMM_ERR_INVALID_ARGUMENT,
                       "refill share 0.9 and refill live share 1.05 are both set; VMMARENA_REFILL takes one of them");
   cfg = tu_config();
+  cfg.unmap_in_background = 2;
+  expect_create_error(&cfg, VMM_ERR_INVALID_ARGUMENT, "unmap_in_background 2 must be 0 (inline) or 1 (background)");
+  cfg = tu_config();
   assert_int_equal(vmm_arena_create(&cfg, NULL), VMM_ERR_INVALID_ARGUMENT);
   assert_has(vmm_create_error(), "NULL out-pointer");
 }
