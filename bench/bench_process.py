@@ -136,7 +136,7 @@ def catalog_worker(job):
     warmup_s = time.perf_counter() - start - series.own_s
     logits = torch_workload.final_logits(torch, model, storage, seed, catalog)
     result = {
-        "mode": job["mode"], "catalog": catalog.name, "warmup_s": warmup_s, "observer_s": series.own_s,
+        "mode": job["mode"], "catalog": catalog.name, "round": job["round"], "warmup_s": warmup_s, "observer_s": series.own_s,
         "live_peak_bytes": torch.cuda.max_memory_allocated(0) if mode != "mempool" else None,
         "steps": series.rows, "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
         "phase_s": series.phase_s,  # host time from each phase of a step to the next, summed over the steps
@@ -260,18 +260,30 @@ def summary(r):
 
 def merge_round(by_mode, r):
     """Folds one round's result into its mode's: the fastest warmup, the median, the highest
-    peak, the largest logits difference, every round's time."""
-    r = dict(r, warmup_rounds=[r["warmup_s"]], warmup_median_s=r["warmup_s"])
+    peak, the largest logits difference, every round's time and phases by round."""
+    r = dict(r, warmup_rounds=[r["warmup_s"]], warmup_median_s=r["warmup_s"],
+             by_round={r["round"]: {"warmup_s": r["warmup_s"], "phase_s": r["phase_s"]}})
     old = by_mode.get(r["mode"])
     if old is None:
         by_mode[r["mode"]] = r
         return
     old["warmup_rounds"] += r["warmup_rounds"]
+    old["by_round"].update(r["by_round"])
     old["warmup_s"] = min(old["warmup_s"], r["warmup_s"])
     old["warmup_median_s"] = statistics.median(old["warmup_rounds"])
     for key in ("peak_bytes", "live_peak_bytes", "vmm_physical_peak_bytes", "max_abs_diff_vs_native"):
         if old.get(key) is not None and r.get(key) is not None:
             old[key] = max(old[key], r[key])
+
+
+def paired(r, native, key=lambda x: x["warmup_s"]):
+    """The median over rounds of this mode's time over native's in the same round (rounds run
+    side by side, so a slow stretch of the machine weighs on both), or None."""
+    if not native or "by_round" not in r or "by_round" not in native:
+        return None
+    got = [key(x) / key(native["by_round"][k]) for k, x in r["by_round"].items()
+           if k in native["by_round"] and key(native["by_round"][k])]
+    return statistics.median(got) if got else None
 
 
 def attach_logit_diffs(jobs, results):
@@ -298,24 +310,34 @@ def report_catalog(name, modes):
     live = native and native["live_peak_bytes"]
     print(f"\n### {name}: {torch_workload.get(name).describe()}\n")
     print(f"live tensor bytes at peak under native (max_memory_allocated): {live / GIB:.2f} GiB\n" if live else "")
-    print("| mode | physical peak | / live bytes | vs expandable | warmup | vs native | median vs native | rounds | "
-          "logits max abs diff |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+    print("| mode | physical peak | / live bytes | vs expandable | warmup | vs native | median vs native | "
+          "paired vs native | rounds | logits max abs diff |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
     for mode, r in modes.items():
         rounds = " ".join(f"{t:.2f}" for t in r.get("warmup_rounds", [r["warmup_s"]]))
         median = r.get("warmup_median_s", r["warmup_s"])
         print(f"| {mode} | {r['peak_bytes'] / GIB:.2f} GiB | {ratio(r['peak_bytes'], live)} | "
               f"{ratio(r['peak_bytes'], expandable and expandable['peak_bytes'])} | {r['warmup_s']:.2f} s | "
               f"{ratio(r['warmup_s'], native and native['warmup_s'])} | "
-              f"{ratio(median, native and native.get('warmup_median_s', native['warmup_s']))} | {rounds} | "
+              f"{ratio(median, native and native.get('warmup_median_s', native['warmup_s']))} | "
+              f"{ratio(paired(r, native), 1)} | {rounds} | "
               f"{r.get('max_abs_diff_vs_native', float('nan')):.3g} |")
+    phases = [p for p in torch_workload.PHASES if any(p in x["phase_s"] for r in modes.values()
+                                                       for x in r.get("by_round", {}).values())]
+    if native and phases:
+        print("\nhost time per phase, the median over rounds of the mode's over native's in the same round: "
+              + ", ".join(phases))
+        for mode, r in modes.items():
+            got = [paired(r, native, lambda x, p=p: x["phase_s"].get(p, 0.0)) for p in phases]
+            print(f"  {mode}: " + " ".join("-" if g is None else f"{g:.2f}x" for g in got))
     checks = []
     for mode, r in modes.items():
         if base_mode(mode) not in PROCESS_MODES or not live:
             continue
         c = {"catalog": name, "mode": mode, "ratio": r["peak_bytes"] / live,
              "below_expandable": expandable is not None and r["peak_bytes"] < expandable["peak_bytes"],
-             "time_le_native": native is not None and r["warmup_s"] <= native["warmup_s"]}
+             "time_le_native": native is not None and r["warmup_s"] <= native["warmup_s"],
+             "paired_vs_native": paired(r, native)}
         checks.append(c)
         print(f"{'PASS' if c['ratio'] <= TARGET else 'MISS'} {name} {mode}: peak {c['ratio']:.3f}x the live bytes "
               f"<= {TARGET}x (goal {GOAL}x: {'met' if c['ratio'] <= GOAL else 'not met'})")

@@ -439,6 +439,8 @@ typedef struct vmm_unmapper {
   size_t done, count, cap;
   size_t bytes;          /* VA of the jobs not yet collected: changed under the arena lock only */
   int mapping;           /* atomic: the arena is mapping (an assembly): the thread starts no unmap */
+  uint64_t mapped_ns;    /* atomic: when the last mapping ended (vmm_now_ns) */
+  uint64_t quiet_ns;     /* how long after a mapping the thread still starts no unmap */
   int draining;          /* atomic: a wait or stop is under way: the thread no longer yields */
   uint64_t handed;       /* ranges handed to the thread so far */
 } vmm_unmapper;

@@ -14,6 +14,7 @@
 #include "internal.h"
 
 #define FIRST_CAP 64
+#define QUIET_NS 300000u /* after a mapping; measured on the H200 (docs/benchmarks.md) */
 
 /* This thread's unsafe calls must not invalidate a capture in global mode on another thread. */
 static void relax_capture(vmm_arena *a) {
@@ -22,12 +23,22 @@ static void relax_capture(vmm_arena *a) {
   (void)VMM_DRV(a, thread_exchange_stream_capture_mode, &mode);
 }
 
-/* The arena's own mapping goes first: the driver makes cuMemMap and cuMemSetAccess wait for an
- * unmap under way (on the H200, 14 us a map beside an ungated thread, 5 us gated, 2 us alone). */
+/* The arena's own mapping goes first: the driver makes cuMemMap, cuMemCreate and cuMemSetAccess
+ * wait for an unmap under way (on the H200, 14 us a map beside an ungated thread, 5 us gated,
+ * 2 us alone). Requests come in bursts (a layer's activations), so the thread also leaves a
+ * quiet time after each mapping before it starts an unmap: one started between two assemblies
+ * of a burst would hold up the second. */
 static void yield_to_mapping(vmm_unmapper *u) {
-  struct timespec nap = {0, 20000};
-  while (__atomic_load_n(&u->mapping, __ATOMIC_ACQUIRE) && !__atomic_load_n(&u->draining, __ATOMIC_ACQUIRE))
+  while (!__atomic_load_n(&u->draining, __ATOMIC_ACQUIRE)) {
+    uint64_t wait_ns = 20000;
+    if (!__atomic_load_n(&u->mapping, __ATOMIC_ACQUIRE)) {
+      uint64_t since = vmm_now_ns() - __atomic_load_n(&u->mapped_ns, __ATOMIC_ACQUIRE);
+      if (since >= u->quiet_ns) return;
+      wait_ns = u->quiet_ns - since;
+    }
+    struct timespec nap = {(time_t)(wait_ns / 1000000000u), (long)(wait_ns % 1000000000u)};
     nanosleep(&nap, NULL);
+  }
 }
 
 static void *run(void *arg) {
@@ -56,6 +67,9 @@ static bool start(vmm_arena *a) {
   vmm_unmapper *u = &a->unmapper;
   if (u->running || u->failed) return u->running;
   u->failed = true;
+  u->quiet_ns = QUIET_NS;
+  const char *dbg = getenv("VMMARENA_DBG_UNMAP_QUIET_US"); /* TEMPORARY: side-by-side measurement */
+  if (dbg) u->quiet_ns = strtoull(dbg, NULL, 10) * 1000u;
   if (pthread_mutex_init(&u->mu, NULL)) return false;
   if (pthread_cond_init(&u->work, NULL)) goto no_work;
   if (pthread_cond_init(&u->idle, NULL)) goto no_idle;
@@ -98,7 +112,9 @@ bool vmm_unmapper_take(vmm_arena *a, CUdeviceptr base, size_t size, uint32_t res
 }
 
 void vmm_unmapper_mapping(vmm_arena *a, int delta) {
-  __atomic_add_fetch(&a->unmapper.mapping, delta, __ATOMIC_RELEASE); /* balanced whether or not the thread runs */
+  vmm_unmapper *u = &a->unmapper;
+  if (delta < 0 && u->running) __atomic_store_n(&u->mapped_ns, vmm_now_ns(), __ATOMIC_RELEASE);
+  __atomic_add_fetch(&u->mapping, delta, __ATOMIC_RELEASE); /* balanced whether or not the thread runs */
 }
 
 void vmm_unmapper_collect(vmm_arena *a) {
