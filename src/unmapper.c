@@ -14,7 +14,7 @@
 #include "internal.h"
 
 #define FIRST_CAP 64
-#define QUIET_NS 300000u /* after a mapping; measured on the H200 (docs/benchmarks.md) */
+#define QUIET_NS 1000000u /* after a mapping: chosen on the H200 (docs/benchmarks.md) */
 
 /* This thread's unsafe calls must not invalidate a capture in global mode on another thread. */
 static void relax_capture(vmm_arena *a) {
@@ -68,8 +68,6 @@ static bool start(vmm_arena *a) {
   if (u->running || u->failed) return u->running;
   u->failed = true;
   u->quiet_ns = QUIET_NS;
-  const char *dbg = getenv("VMMARENA_DBG_UNMAP_QUIET_US"); /* TEMPORARY: side-by-side measurement */
-  if (dbg) u->quiet_ns = strtoull(dbg, NULL, 10) * 1000u;
   if (pthread_mutex_init(&u->mu, NULL)) return false;
   if (pthread_cond_init(&u->work, NULL)) goto no_work;
   if (pthread_cond_init(&u->idle, NULL)) goto no_idle;
@@ -113,7 +111,7 @@ bool vmm_unmapper_take(vmm_arena *a, CUdeviceptr base, size_t size, uint32_t res
 
 void vmm_unmapper_mapping(vmm_arena *a, int delta) {
   vmm_unmapper *u = &a->unmapper;
-  if (delta < 0 && u->running) __atomic_store_n(&u->mapped_ns, vmm_now_ns(), __ATOMIC_RELEASE);
+  if (delta < 0) __atomic_store_n(&u->mapped_ns, vmm_now_ns(), __ATOMIC_RELEASE);
   __atomic_add_fetch(&u->mapping, delta, __ATOMIC_RELEASE); /* balanced whether or not the thread runs */
 }
 

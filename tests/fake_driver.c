@@ -376,7 +376,10 @@ static void log_call(vmm_driver_entry entry, CUresult result, uintptr_t a0, uint
     fk.log = log;
     fk.log_cap = cap;
   }
-  fk.log[fk.log_len++] = (fake_call){entry, result, a0, a1, !pthread_equal(pthread_self(), fk.test_thread)};
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  fk.log[fk.log_len++] = (fake_call){entry, result, a0, a1, !pthread_equal(pthread_self(), fk.test_thread),
+                                     (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec};
 }
 
 static void other_thread_wait(void) {

@@ -1215,6 +1215,34 @@ static void the_thread_waits_while_the_arena_maps(void **state) {
   free_live_and_destroy(a, live);
 }
 
+/* Requests come in bursts, so after a mapping the thread leaves a quiet time before it starts
+ * an unmap: ranges handed over just after one are unmapped no sooner. */
+static void the_thread_leaves_a_quiet_time_after_mapping(void **state) {
+  (void)state;
+  void *live[130];
+  vmm_arena *a = background_arena_retired(live);
+  size_t from = fake_call_count();
+  pthread_mutex_lock(&a->lock);
+  vmm_unmapper_mapping(a, +1); /* as an assembly does */
+  vmm_unmapper_mapping(a, -1);
+  uint64_t mapped = a->unmapper.mapped_ns;
+  vmm_retiring_settle(a); /* the oldest four ranges handed over */
+  pthread_mutex_unlock(&a->lock);
+  assert_int_equal(snap(a).unmapped_in_background, 4);
+  assert_true(a->unmapper.quiet_ns >= 100000);
+  until_unmapped(a);
+  size_t seen = 0;
+  for (size_t i = from; i < fake_call_count(); i++) {
+    const fake_call *c = fake_call_at(i);
+    if (c->entry != VMM_DRV_mem_unmap || !c->other_thread) continue;
+    assert_true(c->ns >= mapped + a->unmapper.quiet_ns);
+    seen++;
+  }
+  assert_int_equal(seen, 4);
+  tu_check(a);
+  free_live_and_destroy(a, live);
+}
+
 /* A handle goes back to the driver only once no range handed to the thread maps it: with the
  * thread's calls slowed, empty_cache still leaves no released handle mapped. */
 static void empty_cache_waits_for_the_unmapper(void **state) {
@@ -1543,6 +1571,7 @@ int main(void) {
       cmocka_unit_test(frees_during_a_capture),
       cmocka_unit_test(calls_during_a_capture_are_relaxed), cmocka_unit_test(retired_ranges_unmap_on_the_arenas_thread),
       cmocka_unit_test(the_thread_waits_while_the_arena_maps),
+      cmocka_unit_test(the_thread_leaves_a_quiet_time_after_mapping),
       cmocka_unit_test(empty_cache_waits_for_the_unmapper), cmocka_unit_test(a_failed_background_unmap_keeps_its_range),
       cmocka_unit_test(empty_cache_releases_outside_a_scope_only),
       cmocka_unit_test(refused_memory_releases_the_cache),
