@@ -32,7 +32,8 @@ static void yield_to_mapping(vmm_unmapper *u) {
   while (!__atomic_load_n(&u->draining, __ATOMIC_ACQUIRE)) {
     uint64_t wait_ns = 20000;
     if (!__atomic_load_n(&u->mapping, __ATOMIC_ACQUIRE)) {
-      uint64_t since = vmm_now_ns() - __atomic_load_n(&u->mapped_ns, __ATOMIC_ACQUIRE);
+      uint64_t ended = __atomic_load_n(&u->mapped_ns, __ATOMIC_ACQUIRE); /* before the clock: no wrap */
+      uint64_t since = vmm_now_ns() - ended;
       if (since >= u->quiet_ns) return;
       wait_ns = u->quiet_ns - since;
     }
