@@ -37,9 +37,9 @@ modes' order reversed in every other round (so no mode is always first): a mode'
 its fastest round and its peak its highest, and the table lists every round's time, the
 median's ratio to native's median and the paired ratio: the median over rounds of the mode's
 time over native's in the same round (a slow stretch of the machine weighs on both), also per
-phase of a step. The JSON keeps every round's time, phases and driver calls. The first timed run of a call is the slowest (the device
-and the host warm up), so a call begins with one untimed native run of the first catalog
-(--no-burn-in leaves it out).
+phase of a step. The JSON keeps every round's time, phases and driver calls. The first timed
+run of a call is the slowest (the device and the host warm up), so a call begins with one
+untimed native run of the first catalog (--no-burn-in leaves it out).
 
 A mode may carry settings of its own: `process:VMMARENA_HANDLE_BOUND=64M` is process with that
 variable set (several: `process:A=1:B=2`; `{catalog}` in a value becomes the catalog's name), so
