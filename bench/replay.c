@@ -3,7 +3,8 @@
  * point, pool hit rate, allocations refused for want of memory, and the replay's wall time.
  *
  *   vmmarena-replay [--driver fake|cuda] [--capacity SIZE] [--granularity SIZE]
- *                   [--handle-bound SIZE] [--refill HOW] [--lag N] [--csv OUT.csv] [--plot OUT.png] [TRACE]
+ *                   [--handle-bound SIZE] [--refill HOW] [--grow on|off] [--lag N] [--csv OUT.csv]
+ *                   [--plot OUT.png] [TRACE]
  *
  * TRACE is a trace file, plain or gzip, read by vmm_trace_reader_open (include/vmmarena/trace.h);
  * without it the trace compiled into the binary is replayed. A trace the reader refuses is
@@ -50,14 +51,15 @@ typedef struct options {
   int keep_cache;      /* each empty-cache replayed as a quiesce (a graph's entry under vmmarena.install()) */
   double refill_share; /* VMMARENA_REFILL as parsed (vmm_config.refill_share); 0 = assemble first */
   double refill_live_share; /* and vmm_config.refill_live_share (within-live:F) */
+  int grow;            /* whole-process mode's VMMARENA_GROW (vmm_config.grow_in_place) */
   uint64_t lag;        /* fake only: an event completes this many operations after its record */
   const char *csv, *plot, *trace;
 } options;
 
 static void usage(FILE *f) {
   fputs("usage: vmmarena-replay [--driver fake|cuda] [--capacity SIZE] [--granularity SIZE] [--handle-bound SIZE]\n"
-        "                       [--cache] [--keep-cache] [--refill HOW] [--lag N] [--csv OUT.csv] [--plot OUT.png]\n"
-        "                       [TRACE]\n"
+        "                       [--cache] [--keep-cache] [--refill HOW] [--grow on|off] [--lag N] [--csv OUT.csv]\n"
+        "                       [--plot OUT.png] [TRACE]\n"
         "  TRACE          trace file (plain or gzip); default: the trace built into this binary\n"
         "  --driver       fake (default: simulated driver, no GPU needed) or cuda (device 0)\n"
         "  --capacity     physical memory of the fake device, or the arena limit with cuda (e.g. 96G)\n"
@@ -70,6 +72,8 @@ static void usage(FILE *f) {
         "                 the cache on torch.cuda.graph's entry (VMMARENA_GRAPH_EMPTY_CACHE=keep); for a\n"
         "                 trace recorded with VMMARENA_GRAPH_EMPTY_CACHE=release or before the setting\n"
         "  --refill       whole-process mode's VMMARENA_REFILL: assemble (default), below-peak[:F] or within-live[:F]\n"
+        "  --grow         whole-process mode's VMMARENA_GROW: on (default: a pooled mapping may grow in place)\n"
+        "                 or off\n"
         "  --lag          fake only: the device N operations behind, an event complete N operations after\n"
         "                 its record or at a synchronize (default 0: at once)\n"
         "  --csv          one row per policy\n"
@@ -87,6 +91,7 @@ static int parse_size_option(const char *name, const char *value, size_t *out) {
 
 static int parse_options(int argc, char **argv, options *o) {
   memset(o, 0, sizeof *o);
+  o->grow = 1;
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
     if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
@@ -130,6 +135,14 @@ static int parse_options(int argc, char **argv, options *o) {
       }
       o->refill_share = parsed.refill_share;
       o->refill_live_share = parsed.refill_live_share;
+    } else if (!strcmp(arg, "--grow")) {
+      vmm_config parsed;
+      vmm_config_init(&parsed);
+      if (vmm_config_set(&parsed, "grow", value) != VMM_OK) {
+        fprintf(stderr, "vmmarena-replay: --grow: %s\n", vmm_config_error());
+        return -1;
+      }
+      o->grow = parsed.grow_in_place;
     } else if (!strcmp(arg, "--lag")) {
       char *end = NULL;
       errno = 0;
@@ -546,6 +559,7 @@ static int replay(const options *o, const policy *p, const trace *t, const repla
   cfg.caching = o->cache;
   cfg.refill_share = o->refill_share;
   cfg.refill_live_share = o->refill_live_share;
+  cfg.grow_in_place = o->grow;
   cfg.log_level = 0; /* refusals are counted, not logged */
   cfg.unmap_in_background = o->driver != DRIVER_FAKE; /* the fake: every call in one order, run to run */
   if (o->driver == DRIVER_FAKE) {
@@ -692,8 +706,8 @@ static int write_csv(const char *path, const result *res) {
     return -1;
   }
   fputs("policy,peak_physical_bytes,peak_reserved_va_bytes,peak_mapped_bytes,cuMemCreate,cuMemMap,cuMemUnmap,"
-        "cuMemRelease,driver_calls,pool_hits,pool_misses,pool_hit_rate,oom,skipped_frees,fallbacks,assemblies,"
-        "padded_assemblies,pooled_taken_apart,handle_bound_bytes,time_ms,"
+        "cuMemRelease,cuMemSetAccess,driver_calls,pool_hits,pool_misses,pool_hit_rate,oom,skipped_frees,fallbacks,"
+        "assemblies,padded_assemblies,pooled_taken_apart,grown_in_place,handle_bound_bytes,time_ms,"
         "status\n",
         f);
   for (size_t i = 0; i < POLICY_COUNT; i++) {
@@ -701,16 +715,17 @@ static int write_csv(const char *path, const result *res) {
     uint64_t tries = r->snap.pool_hits + r->snap.pool_misses;
     char rate[32] = "";
     if (tries) snprintf(rate, sizeof rate, "%.4f", (double)r->snap.pool_hits / (double)tries);
-    fprintf(f, "%s,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%s,%zu,%zu,%llu,%llu,%llu,%llu,%llu,%.3f,%s\n",
+    fprintf(f, "%s,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%s,%zu,%zu,%llu,%llu,%llu,%llu,%llu,%llu,%.3f,%s\n",
             policies[i].name,
             (unsigned long long)r->snap.physical_peak_bytes, (unsigned long long)r->snap.reserved_va_bytes,
             (unsigned long long)r->snap.mapped_peak_bytes, (unsigned long long)calls_of(r, VMM_DRV_mem_create),
             (unsigned long long)calls_of(r, VMM_DRV_mem_map), (unsigned long long)calls_of(r, VMM_DRV_mem_unmap),
-            (unsigned long long)calls_of(r, VMM_DRV_mem_release), (unsigned long long)r->driver_calls,
+            (unsigned long long)calls_of(r, VMM_DRV_mem_release), (unsigned long long)calls_of(r, VMM_DRV_mem_set_access),
+            (unsigned long long)r->driver_calls,
             (unsigned long long)r->snap.pool_hits, (unsigned long long)r->snap.pool_misses, rate, r->oom,
             r->skipped_frees, (unsigned long long)r->snap.pool_fallbacks, (unsigned long long)r->snap.assemblies,
             (unsigned long long)r->snap.padded_assemblies, (unsigned long long)r->snap.pooled_taken_apart,
-            (unsigned long long)r->snap.handle_bound_bytes, r->ms,
+            (unsigned long long)r->snap.grown_in_place, (unsigned long long)r->snap.handle_bound_bytes, r->ms,
             r->failed ? "failed" : "ok");
   }
   int rc = fclose(f) == 0 ? 0 : -1;
@@ -796,6 +811,12 @@ static void print_summary(const options *o, const result *res) {
            o->refill_share > 0.0 ? "below-peak" : "within-live", o->refill_share > 0.0 ? o->refill_share : o->refill_live_share);
     for (size_t p = 0; p < POLICY_COUNT; p++)
       printf("%s %s %llu", p ? "," : "", policies[p].name, (unsigned long long)res[p].snap.refills);
+    printf("\n");
+  }
+  if (o->cache) {
+    printf("VMMARENA_GROW=%s: pooled mappings grown in place (the rest mapped beside them):", o->grow ? "on" : "off");
+    for (size_t p = 0; p < POLICY_COUNT; p++)
+      printf("%s %s %llu", p ? "," : "", policies[p].name, (unsigned long long)res[p].snap.grown_in_place);
     printf("\n");
   }
   int best = lowest_peak(res, 0), best_retaining = lowest_peak(res, 1);

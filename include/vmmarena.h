@@ -116,6 +116,7 @@ typedef struct vmm_config {
   int caching;                     /* VMMARENA_CACHE on|off: the arena caches every free and carves small requests (whole-process mode); 0 = off */
   double refill_share;             /* VMMARENA_REFILL below-peak:F (whole-process mode): a miss that would map several cached handles creates new memory while the arena then holds at most F of its high-water mark; 0 = assemble first (the default) */
   double refill_live_share;        /* VMMARENA_REFILL within-live:F (whole-process mode, F >= 1): the same while the arena then holds at most F times the most live bytes it has had; 0 = off (the default); at most one of the two refill fields is set */
+  int grow_in_place;               /* VMMARENA_GROW on|off (whole-process mode): a miss may keep a pooled mapping where it is mapped and map the rest of its handles in the free VA next to it, so that only those are mapped and given access (1, the default); ranges are then placed with free VA on both sides */
   int unmap_in_background;         /* VMMARENA_UNMAP background|inline (whole-process mode): a retired range, whose handles serve elsewhere, is unmapped by a thread of the arena off the allocation path (1, the default) or by the call that retires it (0) */
   size_t pause_staging;            /* VMMARENA_PAUSE_STAGING: pinned staging bytes of VMM_PAUSE_BACKUP copies, 32 MiB; bit 63 set ("32M,keep"): kept while nothing is paused; 0 = synchronous copies */
   const struct vmm_driver *driver; /* NULL = the CUDA driver (libcuda.so.1) */
@@ -129,8 +130,9 @@ VMM_API vmm_status vmm_parse_size(const char *text, size_t *bytes);
 /* Sets every field of cfg (not NULL) to its default: device 0, exact reuse, 256 GiB
  * reservations, no headroom, no limit, the arena's handle bound, package assembly on,
  * retention auto, no peers, no trace, errors logged, caching off, misses assembled before
- * new memory is created (refill_share and refill_live_share 0), retired ranges unmapped in
- * the background, 32 MiB of pause staging, the CUDA driver. Cannot fail. */
+ * new memory is created (refill_share and refill_live_share 0), mappings grown in place,
+ * retired ranges unmapped in the background, 32 MiB of pause staging, the CUDA driver. Cannot
+ * fail. */
 VMM_API void vmm_config_init(vmm_config *cfg);
 /* Applies every VMMARENA_* variable that is set (README.md, "Configuration"), all or nothing.
  * A bad value (an empty one, and the retired VMMARENA_STITCH, included) or a NULL cfg:
@@ -429,6 +431,8 @@ typedef struct vmm_snapshot {
                                                    beyond 256 kept to serve again) */
   uint64_t revived_ranges;                      /* retired ranges that served a request again as
                                                    they were mapped (no driver call) */
+  uint64_t revived_runs;                        /* of those, runs of a larger retired range's
+                                                   handles (the parts around them stay retired) */
   uint64_t refills;                             /* misses given new memory instead of several
                                                    cached handles (VMMARENA_REFILL=below-peak or
                                                    within-live) */
@@ -437,6 +441,9 @@ typedef struct vmm_snapshot {
                                                    its first (prefix_hits: from its first) */
   uint64_t unmapped_in_background;              /* retired ranges handed to the arena's unmapper
                                                    thread (VMMARENA_UNMAP=background) */
+  uint64_t grown_in_place;                      /* whole-process mode: assemblies that kept a
+                                                   pooled mapping where it was mapped and mapped
+                                                   the rest beside it (VMMARENA_GROW) */
   uint64_t oom_refusals, limit_refusals, headroom_refusals; /* requests refused new memory by the
                                                                driver, the limit, the headroom */
   uint64_t allocs, frees, deferred_frees;       /* successful calls; frees deferred by a capture */

@@ -103,11 +103,19 @@ static vmm_status from_shared_whole(vmm_arena *a, const vmm_request *req, vmm_ma
   return take_run(a, req, true, out);
 }
 
-/* Whole-process mode: a retired range of exactly the request's size, its handles all pooled
- * again in mappings inside it, serves as it is mapped (no driver call; retiring.c). */
-static vmm_status from_retired(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
+/* Whole-process mode: a retired range of exactly the request's size (or a run of a larger
+ * one's handles), its handles free again, serves as it is mapped (no driver call; retiring.c). */
+static vmm_status revive(vmm_arena *a, const vmm_request *req, bool part, vmm_mapping **out) {
   if (!a->cfg.caching || !pooling(a, req) || req->pool != VMM_POOL_SHARED) return NOTHING;
-  return vmm_retiring_revive(a, req, out);
+  return vmm_retiring_revive(a, req, part, out);
+}
+
+static vmm_status from_retired(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
+  return revive(a, req, false, out);
+}
+
+static vmm_status from_retired_run(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
+  return revive(a, req, true, out);
 }
 
 static vmm_status from_refill(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
@@ -161,6 +169,7 @@ static const struct {
     {false, from_pool},          /* pool hit: a pooled mapping the reuse policy allows, no driver call */
     {false, from_retired},       /* whole-process mode: a retired range of the size, its handles free again */
     {false, from_pool_run},      /* whole-process mode: a run of a larger pooled mapping's handles, in place */
+    {false, from_retired_run},   /* whole-process mode: a run of a larger retired range's handles, in place */
     {false, from_shared_whole},  /* whole-process mode, a graph's request: a complete shared mapping or run, whole */
     {false, from_refill},        /* VMMARENA_REFILL: new memory within its mark, not several cached handles */
     {false, from_idle_and_new},  /* assembly: idle handles back to back, new memory only for the rest */

@@ -51,6 +51,8 @@ static vmm_status check_config(const vmm_config *cfg) {
                        cfg->refill_share, cfg->refill_live_share);
   if (cfg->reserve_bytes == 0)
     return create_fail(NULL, VMM_ERR_INVALID_ARGUMENT, "reserve_bytes must be greater than zero");
+  if (cfg->grow_in_place != 0 && cfg->grow_in_place != 1)
+    return create_fail(NULL, VMM_ERR_INVALID_ARGUMENT, "grow_in_place %d must be 0 (off) or 1 (on)", cfg->grow_in_place);
   if (cfg->unmap_in_background != 0 && cfg->unmap_in_background != 1)
     return create_fail(NULL, VMM_ERR_INVALID_ARGUMENT, "unmap_in_background %d must be 0 (inline) or 1 (background)",
                        cfg->unmap_in_background);

@@ -1,6 +1,9 @@
 /* Assembly: a mapping built in a fresh range from idle handles mapped back to back, with new
  * memory created only for what the idle handles do not cover. Inside a scope new memory is cut
  * into handles of at most the arena's bound, so that once freed it can serve any later request.
+ * In whole-process mode a pooled mapping taken whole may instead grow in place: it stays where
+ * it is mapped and the rest is mapped in the free VA right after or before it, so that only the
+ * rest is mapped and given access (the driver charges per handle) and no old range retires.
  *
  * The plan is made first and touches nothing but the store's indexes. Then the steps run in
  * the order of the table `steps` below; when one fails, those before it are undone, last
@@ -21,6 +24,9 @@ typedef struct plan {
   vmm_reuse_ctx *order;   /* the request's stream (NULL for a resume: nothing is taken apart early) */
   vmm_pool_id pool;       /* the request's pool */
   bool early_shared;      /* shared pooled mappings may be taken apart early (no capture underway) */
+  vmm_mapping *grow;      /* a pooled mapping taken whole that stays mapped where it is, or NULL */
+  CUdeviceptr beside;     /* where the rest goes: right after grow or right before it */
+  size_t beside_bytes;    /* the rest: the bytes of the other handles */
 } plan;
 
 vmm_assembly_mode vmm_assembly_mode_for(const vmm_arena *a, vmm_kind kind) {
@@ -30,6 +36,12 @@ vmm_assembly_mode vmm_assembly_mode_for(const vmm_arena *a, vmm_kind kind) {
 }
 
 /* ---- The plan ------------------------------------------------------------------------ */
+
+static bool all_taken(const vmm_mapping *m) {
+  for (uint32_t i = 0; i < m->handle_count; i++)
+    if (!m->handles[i]->taken) return false;
+  return true;
+}
 
 static bool has_handle_at_most(const vmm_mapping *m, size_t most) {
   for (uint32_t i = 0; i < m->handle_count; i++)
@@ -136,6 +148,70 @@ static void plan_idle(vmm_arena *a, plan *p, size_t rounded, bool padded) {
   p->fresh = left;
 }
 
+/* ---- Growing in place ---------------------------------------------------------------- */
+
+#define VMM_GROW_LOOK 16 /* pooled mappings looked at for one to grow */
+
+/* Where `bytes` more fit next to pooled m: right after it, else right before it; 0: nowhere. */
+static CUdeviceptr room_beside(const vmm_arena *a, const vmm_mapping *m, size_t bytes) {
+  if (vmm_ranges_is_free(&a->ranges, m->base + m->extent, bytes, m->reservation)) return m->base + m->extent;
+  if (m->base > bytes && vmm_ranges_is_free(&a->ranges, m->base - bytes, bytes, m->reservation)) return m->base - bytes;
+  return 0;
+}
+
+/* Before the plan: the largest shared pooled mapping smaller than the request that may be taken
+ * apart, with room beside it for the rest (and its overshoot), among the first VMM_GROW_LOOK
+ * looked at, largest first; it is chosen whole. */
+static vmm_mapping *pick_growth(vmm_arena *a, plan *p, size_t rounded) {
+  size_t looked = 0;
+  for (vmm_bucket *b = vmm_pool_bucket_near(&a->store.pool, rounded - 1, false); b && looked < VMM_GROW_LOOK;
+       b = b->size > 1 ? vmm_pool_bucket_near(&a->store.pool, b->size - 1, false) : NULL) {
+    vmm_assert(b->head);
+    for (vmm_mapping *m = b->head; m && looked < VMM_GROW_LOOK; m = m->pool_next, looked++) {
+      size_t rest = rounded - m->extent;
+      if (m->pool == VMM_POOL_SHARED && room_beside(a, m, rest + rest / VMM_OVERSHOOT_SHARE) &&
+          can_take_apart(a, p, m, rounded, false))
+        return m;
+    }
+  }
+  return NULL;
+}
+
+/* After the plan: of the shared pooled mappings it takes whole, the one of the most handles with
+ * room beside it for the rest, or NULL. */
+static vmm_mapping *pick_taken_whole(const vmm_arena *a, const plan *p) {
+  vmm_mapping *best = NULL;
+  for (size_t i = 0; i < p->n_apart; i++) {
+    vmm_mapping *m = p->apart[i];
+    if (m->pool == VMM_POOL_SHARED && all_taken(m) && (!best || m->handle_count > best->handle_count) &&
+        room_beside(a, m, p->covered + p->fresh - m->extent))
+      best = m;
+  }
+  return best;
+}
+
+/* Plans the request with one pooled mapping grown in place where one fits: chosen first (the rest
+ * planned after it), or else one the plan took whole. */
+static void plan_growth(vmm_arena *a, plan *p, size_t rounded) {
+  vmm_mapping *g = pick_growth(a, p, rounded);
+  if (g) {
+    g->chosen = true;
+    plan_idle(a, p, rounded - g->extent, false);
+    p->apart[p->n_apart++] = g;
+    size_t left = SIZE_MAX;
+    for (uint32_t i = 0; i < g->handle_count; i++) plan_use(p, g->handles[i], &left);
+    p->n_idle = p->n_use;
+  } else {
+    plan_idle(a, p, rounded, false);
+    g = pick_taken_whole(a, p);
+  }
+  if (!g) return;
+  p->grow = g;
+  p->beside_bytes = p->covered + p->fresh - g->extent;
+  p->beside = room_beside(a, g, p->beside_bytes);
+  vmm_assert(p->beside);
+}
+
 /* ---- Cutting new memory -------------------------------------------------------------- */
 
 /* New memory is cut into handles of `bound` bytes and one for what is left below it. */
@@ -204,12 +280,6 @@ static vmm_status create_handles(vmm_arena *a, const vmm_request *req, vmm_handl
   return VMM_OK;
 }
 
-static bool all_taken(const vmm_mapping *m) {
-  for (uint32_t i = 0; i < m->handle_count; i++)
-    if (!m->handles[i]->taken) return false;
-  return true;
-}
-
 /* Unmaps the mappings taken apart, after waiting for their freeing streams (in whole-process
  * mode they are known complete already: no wait); those taken early, and in whole-process mode
  * a shared one taken whole, stay mapped: their ranges retire. */
@@ -219,7 +289,7 @@ static vmm_status unmap_apart(vmm_arena *a, plan *p) {
   for (size_t i = 0; i < p->n_apart; i++) { /* a whole shared one stays mapped: it may serve again */
     vmm_mapping *m = p->apart[i];
     if (a->cfg.caching && m->pool == VMM_POOL_SHARED && all_taken(m)) m->early = true;
-    n_early += m->early;
+    n_early += m->early && m != p->grow; /* the grown one stays mapped, but does not retire */
   }
   if (n_early && (vmm_retiring_reserve(a, n_early) || vmm_pool_reserve(&a->store.pool, n_early)))
     return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for %zu retiring ranges", n_early);
@@ -268,10 +338,15 @@ static void retire_early(vmm_arena *a, vmm_mapping *m) {
 }
 
 /* The assembly has succeeded: the mappings taken apart give up their chosen handles and keep
- * the rest idle (or, a graph's, pooled); the handles in use forget their store positions. */
+ * the rest idle (or, a graph's, pooled); the handles in use forget their store positions. The
+ * one grown in place gives its record up: its range and handles are the new mapping's. */
 static void commit_apart(vmm_arena *a, plan *p) {
   for (size_t i = 0; i < p->n_apart; i++) {
     vmm_mapping *m = p->apart[i];
+    if (m == p->grow) {
+      vmm_mapping_dissolve(a, m);
+      continue;
+    }
     a->pooled_taken_apart++;
     if (m->early) {
       retire_early(a, m);
@@ -307,7 +382,8 @@ static vmm_status plan_make(vmm_arena *a, const vmm_request *req, bool resume, b
   p->use = malloc((a->store.idle_count + a->store.pool.handles + 1) * sizeof *p->use);
   p->apart = malloc((a->store.pool.count + 1) * sizeof *p->apart);
   if (!p->use || !p->apart) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for an assembly");
-  plan_idle(a, p, req->rounded, padded);
+  if (vmm_grows_in_place(a) && !resume && !padded && req->pool == VMM_POOL_SHARED) plan_growth(a, p, req->rounded);
+  else plan_idle(a, p, req->rounded, padded);
   return VMM_OK;
 }
 
@@ -391,9 +467,13 @@ static void records_step_undo(vmm_arena *a, assembly *x) {
   x->m = x->into;
 }
 
+/* A fresh VA range; for a growth, the free VA beside the mapping grown. */
 static vmm_status range_step(vmm_arena *a, assembly *x) {
   if (x->into) return VMM_OK;
-  vmm_status st = vmm_ranges_alloc(a, x->extent, &x->m->base, &x->m->reservation);
+  const vmm_mapping *g = x->p.grow;
+  vmm_status st = g ? vmm_ranges_claim(a, x->p.beside, x->p.beside_bytes, g->reservation)
+                    : vmm_ranges_alloc(a, x->extent, &x->m->base, &x->m->reservation);
+  if (g && st == VMM_OK) x->m->base = x->p.beside < g->base ? x->p.beside : g->base, x->m->reservation = g->reservation;
   if (st != VMM_OK) {
     char cause[sizeof a->last_error], b[32]; /* the reservation's message names no request */
     memcpy(cause, a->last_error, sizeof cause);
@@ -405,7 +485,10 @@ static vmm_status range_step(vmm_arena *a, assembly *x) {
 }
 
 static void range_step_undo(vmm_arena *a, assembly *x) {
-  if (!x->into) vmm_ranges_free_unless_stuck(a, x->m->base, x->extent, x->m->reservation, x->first_stuck);
+  if (x->into) return;
+  bool grown = x->p.grow != NULL;
+  vmm_ranges_free_unless_stuck(a, grown ? x->p.beside : x->m->base, grown ? x->p.beside_bytes : x->extent,
+                               x->m->reservation, x->first_stuck);
 }
 
 static vmm_status create_step(vmm_arena *a, assembly *x) {
@@ -421,12 +504,41 @@ static void apart_step_undo(vmm_arena *a, assembly *x) {
   x->p.n_apart = 0;
 }
 
+static void reverse(vmm_handle **h, uint32_t from, uint32_t to) {
+  for (; from + 1 < to; from++, to--) {
+    vmm_handle *t = h[from];
+    h[from] = h[to - 1];
+    h[to - 1] = t;
+  }
+}
+
+/* Puts the grown mapping's handles (one run among the n slots, in order) first when the rest
+ * goes after it, last when it goes before it; the others keep their order. Returns where the
+ * others start. */
+static uint32_t order_around_growth(assembly *x, uint32_t n) {
+  const vmm_mapping *g = x->p.grow;
+  uint32_t k = g->handle_count, at = 0;
+  while (x->slots[at] != g->handles[0]) at++;
+  if (x->p.beside > g->base) { /* rotate [0, at + k) so that the run leads */
+    reverse(x->slots, 0, at), reverse(x->slots, at, at + k), reverse(x->slots, 0, at + k);
+    return k;
+  }
+  reverse(x->slots, at, at + k), reverse(x->slots, at + k, n), reverse(x->slots, at, n); /* the run last */
+  return 0;
+}
+
+/* Maps the handles back to back in the new range and gives it access; for a growth, only the
+ * others, in the VA beside the grown mapping. */
 static vmm_status map_step(vmm_arena *a, assembly *x) {
   vmm_mapping *m = x->into ? x->into : x->m;
+  uint32_t n = x->p.n_idle + x->n_new, from = 0;
   if (x->p.n_idle) memcpy(x->slots, x->p.use, x->p.n_idle * sizeof *x->p.use);
+  if (x->p.grow) from = order_around_growth(x, n);
   vmm_driver_entry failed = VMM_DRV_mem_map;
   x->first_stuck = a->ranges.stuck_count;
-  CUresult r = vmm_map_handles(a, m->base, x->slots, x->p.n_idle + x->n_new, x->extent, &failed);
+  CUresult r = x->p.grow ? vmm_map_handles(a, x->p.beside, x->slots + from, n - x->p.grow->handle_count,
+                                           x->p.beside_bytes, &failed)
+                         : vmm_map_handles(a, m->base, x->slots, n, x->extent, &failed);
   if (r == CUDA_SUCCESS) return VMM_OK;
   char b[32];
   return vmm_fail_driver(a, r, failed, "%s %s (requested %zu B, rounded %zu B): mapping %u handles at 0x%llx",
@@ -453,14 +565,16 @@ static const struct {
 /* The assembly succeeded: the store forgets the handles used, the record goes live. */
 static void commit(vmm_arena *a, assembly *x) {
   vmm_mapping *m = x->into ? x->into : x->m;
+  uint32_t kept = x->p.grow ? x->p.grow->handle_count : 0; /* mapped where they were */
   count_plan(a, &x->p, -1);
   commit_apart(a, &x->p);
   vmm_mapping_attach(m, x->slots, x->p.n_idle + x->n_new);
-  vmm_add_mapped(a, x->extent);
+  vmm_add_mapped(a, kept ? x->p.beside_bytes : x->extent);
   if (!x->into) vmm_mapping_insert_live(a, m, x->extent, x->req->kind);
+  a->grown_in_place += kept > 0;
   if (x->p.n_idle) {
     a->assemblies++;
-    a->assembled_idle_handles += x->p.n_idle;
+    a->assembled_idle_handles += x->p.n_idle - kept;
     a->assembly_created_bytes += x->p.fresh;
     if (x->mode == VMM_ASSEMBLE_PADDED) a->padded_assemblies++;
   }

@@ -81,6 +81,7 @@ void vmm_config_init(vmm_config *cfg) {
   cfg->reserve_bytes = (size_t)256 << 30;
   cfg->retain = VMM_RETAIN_AUTO;
   cfg->log_level = 1;
+  cfg->grow_in_place = 1;
   cfg->unmap_in_background = 1;
   cfg->pause_staging = VMM_STAGING_DEFAULT;
 }
@@ -239,6 +240,7 @@ static const struct setting {
     {"VMMARENA_CACHE", "cache", 12},
     {"VMMARENA_REFILL", "refill", 13},
     {"VMMARENA_UNMAP", "unmap", 14},
+    {"VMMARENA_GROW", "grow", 15},
 };
 
 static vmm_status apply(const struct setting *s, const char *value, vmm_config *cfg) {
@@ -267,6 +269,7 @@ static vmm_status apply(const struct setting *s, const char *value, vmm_config *
   case 12: return set_switch(s->env, value, &cfg->caching);
   case 13: return set_refill(s->env, value, cfg);
   case 14: return set_unmap(s->env, value, &cfg->unmap_in_background);
+  case 15: return set_switch(s->env, value, &cfg->grow_in_place);
   }
   return VMM_ERR_INVALID_ARGUMENT;
 }

@@ -212,6 +212,10 @@ VMM_INTERNAL vmm_status vmm_mapping_drop_handles(vmm_arena *a, vmm_mapping *m, b
  * a failed map from index first_stuck on); its handles go as vmm_mapping_drop_handles says;
  * the record is freed. */
 VMM_INTERNAL vmm_status vmm_mapping_dispose(vmm_arena *a, vmm_mapping *m, bool retain, size_t first_stuck);
+/* Pooled m (out of the pool), taken whole by an assembly that grows it in place: its record
+ * leaves the counters and the table and is freed; its range stays mapped and its handles
+ * attached to nothing, for the grown mapping to take. No driver call. */
+VMM_INTERNAL void vmm_mapping_dissolve(vmm_arena *a, vmm_mapping *m);
 /* The one retire: unmap, then dispose. *unmapped says whether the unmap happened. */
 VMM_INTERNAL vmm_status vmm_mapping_retire(vmm_arena *a, vmm_mapping *m, bool retain, const char *what, bool *unmapped);
 /* Pooled m's handles not NULL'ed by an assembly are kept idle while its range stays mapped:
@@ -414,6 +418,7 @@ typedef struct vmm_retiring {
   uint64_t serial;      /* ranges retired so far */
   uint64_t handed_over; /* pooled mappings whose handles moved to a new range so far */
   uint64_t revived;     /* ranges that served a request again */
+  uint64_t revived_runs; /* of those, runs of a larger range's handles */
 } vmm_retiring;
 
 /* ---- Unmapping in the background (unmapper.c) ----------------------------------------- */
@@ -489,6 +494,7 @@ struct vmm_arena {
   uint64_t high_water;         /* the most physical ever held (no reset): the mark of VMMARENA_REFILL=below-peak */
   uint64_t live_high_water;    /* the most bytes ever live at once (no reset): the mark of within-live */
   uint64_t pool_hits, pool_misses, pool_fallbacks, prefix_hits, run_hits;
+  uint64_t grown_in_place;     /* assemblies that grew a pooled mapping where it was mapped */
   uint64_t assemblies, padded_assemblies, assembled_idle_handles, assembly_created_bytes, pooled_taken_apart;
   uint64_t refills;            /* misses given new memory by VMMARENA_REFILL instead of several cached handles */
   uint64_t oom_refusals, limit_refusals, headroom_refusals;
@@ -527,6 +533,9 @@ static inline bool vmm_frees_to_pool(const vmm_arena *a, vmm_kind kind) {
 static inline size_t vmm_pooled_overshoot(const vmm_arena *a, size_t rounded) {
   return a->cfg.caching && !vmm_retaining(a) ? rounded / VMM_OVERSHOOT_SHARE : 0;
 }
+/* Whole-process mode with VMMARENA_GROW on: a miss may grow a pooled mapping in place
+ * (assembly.c), and ranges are placed with free VA on both sides (ranges.c). */
+static inline bool vmm_grows_in_place(const vmm_arena *a) { return a->cfg.caching && a->cfg.grow_in_place; }
 static inline size_t vmm_round_up(const vmm_arena *a, size_t bytes) {
   return (bytes + a->granularity - 1) & ~(a->granularity - 1);
 }
@@ -572,6 +581,11 @@ VMM_INTERNAL const char *vmm_cu_error_name(vmm_arena *a, CUresult r);
 
 /* ---- Ranges (ranges.c) --------------------------------------------------------------- */
 VMM_INTERNAL vmm_status vmm_ranges_alloc(vmm_arena *a, size_t size, CUdeviceptr *base, uint32_t *reservation);
+/* Whether [base, base + size) is free VA of `reservation` (a mapping next to it can grow there). */
+VMM_INTERNAL bool vmm_ranges_is_free(const vmm_ranges *r, CUdeviceptr base, size_t size, uint32_t reservation);
+/* Takes [base, base + size), which vmm_ranges_is_free said is free, out of the free list;
+ * VMM_ERR_OUT_OF_MEMORY (host) leaves it free. */
+VMM_INTERNAL vmm_status vmm_ranges_claim(vmm_arena *a, CUdeviceptr base, size_t size, uint32_t reservation);
 VMM_INTERNAL void vmm_ranges_free(vmm_arena *a, CUdeviceptr base, size_t size, uint32_t reservation);
 /* Unmaps the stuck pieces, then frees the reservations (destroy). */
 VMM_INTERNAL void vmm_ranges_fini(vmm_arena *a);
@@ -740,11 +754,13 @@ VMM_INTERNAL void vmm_retiring_fini(vmm_arena *a);
  * stuck and is logged. */
 VMM_INTERNAL void vmm_retiring_unmap_holding(vmm_arena *a, vmm_handle *const *h, uint32_t n, const char *what);
 struct vmm_request;
-/* Whole-process mode: a retired range of exactly the request's size whose handles are all
- * held by pooled mappings that lie wholly inside it and may serve the request's stream: those
- * mappings retire in its place and it serves the request, mapped as it was (no driver call).
- * VMM_OK with *out live, or VMM_STATUS_COUNT when none serves, nothing changed. */
-VMM_INTERNAL vmm_status vmm_retiring_revive(vmm_arena *a, const struct vmm_request *req, struct vmm_mapping **out);
+/* Whole-process mode: a retired range of exactly the request's size (or, with `part`, a run of
+ * the handles of a larger one), whose handles are all idle or held by pooled mappings that may
+ * give them on the request's stream: those mappings retire in its place and it serves the
+ * request, mapped as it was (no driver call); the parts of the range before and after the run
+ * stay retired. VMM_OK with *out live, or VMM_STATUS_COUNT when none serves, nothing changed. */
+VMM_INTERNAL vmm_status vmm_retiring_revive(vmm_arena *a, const struct vmm_request *req, bool part,
+                                            struct vmm_mapping **out);
 /* Moves the deferred frees of an aborted scope to its abandoned memory (no driver call). */
 VMM_INTERNAL void vmm_deferred_abandon_scope(vmm_arena *a, uint64_t scope_id);
 

@@ -1,8 +1,11 @@
 /* VA ranges: reservations from cuMemAddressReserve and a best-fit, coalescing free list.
  * Free ranges are indexed by address (for coalescing) and by (size, address) (for best fit);
  * a range never spans two reservations. Allocation cuts from the top of a free range so the
- * range keeps its base and only its size key changes. Stuck pieces (a handle whose undo unmap
- * failed, so it stays mapped) are kept out of the free list until they are unmapped. */
+ * range keeps its base and only its size key changes. Where mappings grow in place
+ * (whole-process mode), a range goes in the middle of the largest free range instead, while
+ * that is at least VMM_SPREAD times its size, so that VA stays free on both sides of it. Stuck
+ * pieces (a handle whose undo unmap failed, so it stays mapped) are kept out of the free list
+ * until they are unmapped. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,29 +65,69 @@ static vmm_status grow(vmm_arena *a, size_t size) {
   return VMM_OK;
 }
 
+/* The free range that holds [base, base + size) whole, in `reservation`, or NULL. */
+static vmm_free_range *holding(const vmm_ranges *r, CUdeviceptr base, size_t size, uint32_t reservation) {
+  vmm_free_range *f = by_addr(vmm_avl_floor(r->by_addr, base, 0));
+  return f && f->reservation == reservation && f->base + f->size >= base + size ? f : NULL;
+}
+
+/* Takes [base, base + size) out of f, which holds it: f keeps what lies below, a new record
+ * what lies above. -1 on host OOM, nothing changed. */
+static int carve(vmm_ranges *r, vmm_free_range *f, CUdeviceptr base, size_t size) {
+  CUdeviceptr end = f->base + f->size;
+  bool below = base > f->base, above = base + size < end;
+  vmm_free_range *upper = below && above ? malloc(sizeof *upper) : NULL;
+  if (below && above && !upper) return -1;
+  remove_range(r, f);
+  if (upper) {
+    upper->base = base + size, upper->size = end - upper->base, upper->reservation = f->reservation;
+    insert_range(r, upper);
+  }
+  if (!below && !above) {
+    free(f);
+    return 0;
+  }
+  if (below) f->size = base - f->base;
+  else f->base = base + size, f->size = end - f->base;
+  insert_range(r, f);
+  return 0;
+}
+
+#define VMM_SPREAD 4
+
 vmm_status vmm_ranges_alloc(vmm_arena *a, size_t size, CUdeviceptr *base, uint32_t *reservation) {
   vmm_ranges *r = &a->ranges;
-  vmm_free_range *f = by_size(vmm_avl_ceil(r->by_size, size, 0));
-  if (!f) {
+  if (!vmm_avl_ceil(r->by_size, size, 0)) {
     vmm_status s = grow(a, size);
     if (s != VMM_OK) return s;
-    f = by_size(vmm_avl_ceil(r->by_size, size, 0));
-    vmm_assert(f);
   }
+  vmm_free_range *f = vmm_grows_in_place(a) ? by_size(vmm_avl_last(r->by_size)) : NULL;
+  if (f && f->size / VMM_SPREAD >= size) {
+    CUdeviceptr middle = f->base + (f->size - size) / 2 / a->granularity * a->granularity;
+    *reservation = f->reservation;
+    if (carve(r, f, middle, size) == 0) return *base = middle, VMM_OK;
+  }
+  f = by_size(vmm_avl_ceil(r->by_size, size, 0));
+  vmm_assert(f);
   *reservation = f->reservation;
-  if (f->size == size) {
-    remove_range(r, f);
-    *base = f->base;
-    free(f);
-    return VMM_OK;
-  }
-  r->by_size = vmm_avl_remove(r->by_size, f->size, f->base);
-  f->size -= size;
-  f->by_size.k1 = f->size;
-  r->by_size = vmm_avl_insert(r->by_size, &f->by_size);
-  r->free_bytes -= size;
-  *base = f->base + f->size;
+  *base = f->base + f->size - size;
+  int carved = carve(r, f, *base, size); /* from the top: no new record, so it cannot fail */
+  vmm_assert(carved == 0);
+  (void)carved;
   return VMM_OK;
+}
+
+bool vmm_ranges_is_free(const vmm_ranges *r, CUdeviceptr base, size_t size, uint32_t reservation) {
+  return size && holding(r, base, size, reservation);
+}
+
+vmm_status vmm_ranges_claim(vmm_arena *a, CUdeviceptr base, size_t size, uint32_t reservation) {
+  vmm_free_range *f = holding(&a->ranges, base, size, reservation);
+  vmm_assert(f); /* vmm_ranges_is_free said so, and nothing took VA since */
+  if (f && carve(&a->ranges, f, base, size) == 0) return VMM_OK;
+  char b[32];
+  return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory claiming %s of VA at 0x%llx", vmm_fmt_bytes(size, b),
+                  (unsigned long long)base);
 }
 
 void vmm_ranges_free(vmm_arena *a, CUdeviceptr base, size_t size, uint32_t reservation) {

@@ -3,7 +3,8 @@
  * complete: the handles serve the new range at once, ordered after that work on the device) or
  * whole. The old range stays mapped, used by nothing new. A shared one keeps its handle list
  * and serves a request of its size again, as it is mapped, once those handles are free again
- * (GMLake's stitched blocks); up to 256 are kept, and beyond them, or without a list, a range is
+ * (GMLake's stitched blocks), or a run of its handles serves a smaller request in place and the
+ * parts around the run stay retired; up to 256 are kept, and beyond them, or without a list, a range is
  * unmapped once its work completes. So a request never waits on the host for cached memory,
  * never creates memory it could reuse, and a cycle of sizes is stitched once. The old range of a
  * graph's pooled mapping retires only once the pool is released: the graph's replays still use
@@ -25,14 +26,19 @@ int vmm_retiring_reserve(vmm_arena *a, size_t n) {
   return 0;
 }
 
-void vmm_retiring_add(vmm_arena *a, const vmm_retiring_range *range) {
-  vmm_retiring *r = &a->retiring;
+/* Range joins the list as it is (its serial included). */
+static void put_item(vmm_retiring *r, const vmm_retiring_range *range) {
   vmm_assert(r->count < r->cap); /* vmm_retiring_reserve came first */
-  vmm_retiring_range *x = &r->items[r->count++];
-  *x = *range;
-  x->serial = ++r->serial;
+  r->items[r->count++] = *range;
   r->bytes += range->size;
   r->revivable += range->handles != NULL;
+}
+
+void vmm_retiring_add(vmm_arena *a, const vmm_retiring_range *range) {
+  vmm_retiring *r = &a->retiring;
+  vmm_retiring_range x = *range;
+  x.serial = ++r->serial;
+  put_item(r, &x);
   r->handed_over++;
 }
 
@@ -109,7 +115,7 @@ void vmm_retiring_unmap_holding(vmm_arena *a, vmm_handle *const *h, uint32_t n, 
 /* ---- Serving again ------------------------------------------------------------------- */
 
 /* The pooled mapping holding h, if it may give h to a request of this kind on c's stream (that
- * stream is then ordered after its free); NULL otherwise. The handles of the range are marked
+ * stream is then ordered after its free); NULL otherwise. The handles of the run are marked
  * taken: a mapping with handles outside it gives them up too, to the idle tier, so only once its
  * work is known complete. */
 static vmm_mapping *giver(vmm_reuse_ctx *c, const vmm_handle *h, vmm_kind kind) {
@@ -121,21 +127,31 @@ static vmm_mapping *giver(vmm_reuse_ctx *c, const vmm_handle *h, vmm_kind kind) 
   return vmm_usable_on_stream(c, m) ? m : NULL;
 }
 
-/* Whether each of x's handles is idle or held by a pooled mapping that may give it; those
- * mappings, each once, into givers[] (room for x's handle count) and their count into *n. */
-static bool find_givers(vmm_arena *a, const vmm_retiring_range *x, const vmm_request *req, vmm_mapping **givers,
-                        uint32_t *count) {
+/* A run of a retired range's handles, [from, to), `offset` bytes into it. */
+typedef struct run {
+  uint32_t from, to;
+  size_t offset;
+} run;
+
+static void mark_run(const vmm_retiring_range *x, run u, bool taken) {
+  for (uint32_t k = u.from; k < u.to; k++) x->handles[k]->taken = taken;
+}
+
+/* Whether each handle of run u is idle or held by a pooled mapping that may give it; those
+ * mappings, each once, into givers[] (room for the run's handle count) and their count into *n. */
+static bool find_givers(vmm_arena *a, const vmm_retiring_range *x, run u, const vmm_request *req,
+                        vmm_mapping **givers, uint32_t *count) {
   vmm_reuse_ctx c = {a, req->stream, -1};
   uint32_t n = 0;
   bool ready = true;
-  for (uint32_t k = 0; k < x->handle_count; k++) x->handles[k]->taken = true;
-  for (uint32_t k = 0; k < x->handle_count && ready; k++) {
+  mark_run(x, u, true);
+  for (uint32_t k = u.from; k < u.to && ready; k++) {
     vmm_handle *h = x->handles[k];
     if (h->idle || (h->owner && h->owner->chosen)) continue; /* idle: its work is done */
     vmm_mapping *m = giver(&c, h, req->kind);
     if ((ready = m != NULL)) m->chosen = true, givers[n++] = m;
   }
-  for (uint32_t k = 0; k < x->handle_count; k++) x->handles[k]->taken = false;
+  mark_run(x, u, false);
   for (uint32_t g = 0; g < n; g++) givers[g]->chosen = false;
   *count = n;
   return ready;
@@ -156,70 +172,116 @@ static void retire_giver(vmm_arena *a, vmm_mapping *m, vmm_handle **copy) {
   vmm_retiring_add(a, &range);
 }
 
-/* Room for serving item i again, so that nothing after can fail: a record, a table slot,
- * places in the list and each giver's handle list. */
+/* Room for serving run u of x again, so that nothing after can fail: a record, a table slot,
+ * places in the list, each giver's handle list, and, for a run of part of x, the run's handle
+ * list and the parts of x before and after it (their own handle lists and uses), which stay
+ * retired. */
 typedef struct revival {
   vmm_mapping *live;
   vmm_mapping **givers;
   vmm_handle ***lists;
   uint32_t n_givers;
+  vmm_handle **handles;           /* the run's, for the live mapping */
+  vmm_retiring_range parts[2];
+  uint32_t n_parts;
 } revival;
 
 static void revival_free(revival *v, bool lists_too) {
   for (uint32_t g = 0; lists_too && v->lists && g < v->n_givers; g++) free(v->lists[g]);
+  for (uint32_t k = 0; lists_too && k < v->n_parts; k++) free(v->parts[k].handles), free(v->parts[k].work.uses);
+  if (lists_too) free(v->handles);
   free(v->lists);
   free(v->givers);
   vmm_mapping_free(v->live);
 }
 
-static bool revival_room(vmm_arena *a, revival *v) {
-  if (!(v->live = vmm_mapping_new()) || vmm_table_reserve(&a->table) || vmm_retiring_reserve(a, v->n_givers) ||
-      !(v->lists = calloc(v->n_givers ? v->n_givers : 1, sizeof *v->lists)))
+/* Part of x, its handles [from, to) at `offset` bytes into it, with copies of their list and of
+ * x's uses; false on host OOM (what was copied is in *y, for revival_free). */
+static bool part_of(const vmm_retiring_range *x, uint32_t from, uint32_t to, size_t offset, size_t size,
+                    vmm_retiring_range *y) {
+  *y = *x;
+  y->base = x->base + offset, y->size = size, y->handle_count = to - from;
+  y->work.uses = x->work.use_count ? malloc(x->work.use_count * sizeof *y->work.uses) : NULL;
+  y->handles = malloc((to - from) * sizeof *y->handles);
+  if (y->work.uses) memcpy(y->work.uses, x->work.uses, x->work.use_count * sizeof *y->work.uses);
+  if (y->handles) memcpy(y->handles, x->handles + from, (to - from) * sizeof *y->handles);
+  return y->handles && (y->work.uses || !x->work.use_count);
+}
+
+static bool revival_room(vmm_arena *a, const vmm_retiring_range *x, run u, size_t bytes, revival *v) {
+  if (!(v->live = vmm_mapping_new()) || vmm_table_reserve(&a->table) ||
+      vmm_retiring_reserve(a, v->n_givers + 2) || !(v->lists = calloc(v->n_givers ? v->n_givers : 1, sizeof *v->lists)))
     return false;
   for (uint32_t g = 0; g < v->n_givers; g++)
     if (!(v->lists[g] = malloc(v->givers[g]->handle_count * sizeof *v->lists[g]))) return false;
+  if (u.from == 0 && u.to == x->handle_count) return true; /* all of x: its own list serves */
+  if (!(v->handles = malloc((u.to - u.from) * sizeof *v->handles))) return false;
+  memcpy(v->handles, x->handles + u.from, (u.to - u.from) * sizeof *v->handles);
+  if (u.from > 0 && !part_of(x, 0, u.from, 0, u.offset, &v->parts[v->n_parts++])) return false;
+  if (u.to < x->handle_count &&
+      !part_of(x, u.to, x->handle_count, u.offset + bytes, x->size - u.offset - bytes, &v->parts[v->n_parts++]))
+    return false;
   return true;
 }
 
-/* Item i serves: its givers retire, its handles leave the idle tier, and it is live again. */
-static vmm_mapping *revive(vmm_arena *a, size_t i, revival *v) {
+/* Run u of item i serves: its givers retire, its handles leave the idle tier, and it is live
+ * again; the parts of item i before and after it stay retired. */
+static vmm_mapping *revive(vmm_arena *a, size_t i, run u, size_t bytes, revival *v) {
   vmm_retiring *r = &a->retiring;
-  for (uint32_t k = 0; k < r->items[i].handle_count; k++) r->items[i].handles[k]->taken = true;
+  mark_run(&r->items[i], u, true);
   for (uint32_t g = 0; g < v->n_givers; g++) retire_giver(a, v->givers[g], v->lists[g]);
   vmm_retiring_range x = take_item(r, i);
-  for (uint32_t k = 0; k < x.handle_count; k++) {
-    x.handles[k]->taken = false;
+  mark_run(&x, u, false);
+  for (uint32_t k = u.from; k < u.to; k++)
     if (x.handles[k]->idle) vmm_idle_remove(a, x.handles[k]);
-  }
+  for (uint32_t k = 0; k < v->n_parts; k++) put_item(r, &v->parts[k]);
   free(x.work.uses);
+  if (v->handles) free(x.handles); /* each part and the run have their own list */
   vmm_mapping *m = v->live;
   v->live = NULL;
-  m->base = x.base, m->reservation = x.reservation;
-  vmm_mapping_attach(m, x.handles, x.handle_count);
-  vmm_add_mapped(a, x.size);
-  vmm_mapping_insert_live(a, m, x.size, x.kind);
+  m->base = x.base + u.offset, m->reservation = x.reservation;
+  vmm_mapping_attach(m, v->handles ? v->handles : x.handles, u.to - u.from);
+  v->handles = NULL;
+  vmm_add_mapped(a, bytes);
+  vmm_mapping_insert_live(a, m, bytes, x.kind);
   r->revived++;
+  r->revived_runs += u.from > 0 || u.to < x.handle_count;
   return m;
 }
 
-vmm_status vmm_retiring_revive(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
+/* Tries run u of item i; VMM_STATUS_COUNT when its handles are not all free, or on host OOM. */
+static vmm_status try_run(vmm_arena *a, size_t i, run u, const vmm_request *req, vmm_mapping **out) {
+  vmm_retiring_range x = a->retiring.items[i]; /* a copy: making room may move the list */
+  revival v = {0};
+  if (!(v.givers = malloc((u.to - u.from) * sizeof *v.givers)) || !find_givers(a, &x, u, req, v.givers, &v.n_givers) ||
+      !revival_room(a, &x, u, req->rounded, &v)) {
+    revival_free(&v, true);
+    return VMM_STATUS_COUNT;
+  }
+  *out = revive(a, i, u, req->rounded, &v);
+  revival_free(&v, false);
+  return VMM_OK;
+}
+
+vmm_status vmm_retiring_revive(vmm_arena *a, const vmm_request *req, bool part, vmm_mapping **out) {
   vmm_retiring *r = &a->retiring;
+  size_t bytes = req->rounded;
   for (size_t i = r->count; i-- > 0;) {
-    vmm_retiring_range *x = &r->items[i];
-    if (!x->handles || x->size != req->rounded || x->kind != req->kind) continue;
-    revival v = {0};
-    if (!(v.givers = malloc(x->handle_count * sizeof *v.givers))) return VMM_STATUS_COUNT;
-    if (!find_givers(a, x, req, v.givers, &v.n_givers)) {
-      revival_free(&v, false);
+    if (!r->items[i].handles || r->items[i].kind != req->kind) continue;
+    if (!part) {
+      run all = {0, r->items[i].handle_count, 0};
+      if (r->items[i].size == bytes && try_run(a, i, all, req, out) == VMM_OK) return VMM_OK;
       continue;
     }
-    if (!revival_room(a, &v)) {
-      revival_free(&v, true);
-      return VMM_STATUS_COUNT; /* host out of memory: another source may serve */
+    if (r->items[i].size <= bytes) continue;
+    vmm_handle **h = r->items[i].handles; /* the item's own array: it stays while the item does */
+    run u = {0, 0, 0};
+    size_t sum = 0; /* the bytes of [u.from, u.to) */
+    while (u.to < r->items[i].handle_count) {
+      sum += h[u.to++]->size;
+      while (sum > bytes) sum -= h[u.from]->size, u.offset += h[u.from++]->size;
+      if (sum == bytes && try_run(a, i, u, req, out) == VMM_OK) return VMM_OK;
     }
-    *out = revive(a, i, &v);
-    revival_free(&v, false);
-    return VMM_OK;
   }
   return VMM_STATUS_COUNT;
 }

@@ -40,9 +40,11 @@ static void fill(const vmm_arena *a, vmm_snapshot *s) {
   s->retiring_ranges = a->retiring.count;
   s->retiring_bytes = a->retiring.bytes;
   s->revived_ranges = a->retiring.revived;
+  s->revived_runs = a->retiring.revived_runs;
   s->refills = a->refills;
   s->run_hits = a->run_hits;
   s->unmapped_in_background = a->unmapper.handed;
+  s->grown_in_place = a->grown_in_place;
   s->oom_refusals = a->oom_refusals;
   s->limit_refusals = a->limit_refusals;
   s->headroom_refusals = a->headroom_refusals;
@@ -244,8 +246,9 @@ static const field assembly_fields[] = {
     FIELD(vmm_snapshot, assemblies), FIELD(vmm_snapshot, padded_assemblies), FIELD(vmm_snapshot, assembled_idle_handles),
     FIELD(vmm_snapshot, assembly_created_bytes), FIELD(vmm_snapshot, pooled_taken_apart),
     FIELD(vmm_snapshot, pooled_taken_apart_early), FIELD(vmm_snapshot, retiring_ranges), FIELD(vmm_snapshot, prefix_hits),
-    FIELD(vmm_snapshot, retiring_bytes), FIELD(vmm_snapshot, revived_ranges), FIELD(vmm_snapshot, refills),
-    FIELD(vmm_snapshot, run_hits), FIELD(vmm_snapshot, unmapped_in_background),
+    FIELD(vmm_snapshot, retiring_bytes), FIELD(vmm_snapshot, revived_ranges), FIELD(vmm_snapshot, revived_runs),
+    FIELD(vmm_snapshot, refills),
+    FIELD(vmm_snapshot, run_hits), FIELD(vmm_snapshot, unmapped_in_background), FIELD(vmm_snapshot, grown_in_place),
 };
 
 static const field usage_fields[] = {

@@ -575,6 +575,155 @@ static void retired_ranges_kept_at_most_256_once_complete(void **state) {
   tu_destroy(a);
 }
 
+/* A run of a retired range's handles serves a smaller request in place, with no driver call,
+ * once its handles are free: one idle, one held by a pooled mapping whose work is done (it
+ * retires in its place); the part of the range before the run stays retired. No pooled mapping
+ * has a run of the size and no retired range is of it, so nothing else could serve. */
+static void a_run_of_a_retired_range_serves_in_place(void **state) {
+  (void)state;
+  vmm_arena *a = whole_handles_arena();
+  void *c = alloc_in(a, 8 * MiB, T, S1, 0), *b = alloc_in(a, 4 * MiB, T, S1, 0), *x = alloc_in(a, 2 * MiB, T, S1, 0);
+  assert_int_equal(fake_write(dp(b), "B", 2), 0); /* what handle B holds, wherever it is mapped */
+  tu_free(a, c, S1);
+  tu_free(a, b, S1);
+  tu_free(a, x, S1);
+  void *w = alloc_in(a, 14 * MiB, T, S1, 0); /* [C 8, B 4, A 2]: c, b and x taken whole */
+  tu_free(a, w, S1);
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  void *v = alloc_in(a, 16 * MiB, T, S1, 0); /* w taken whole, its range retires: [C, B, A] at w */
+  assert_true(v != w);
+  tu_free(a, v, S1);
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  void *u = alloc_in(a, 10 * MiB, T, S1, 0); /* C and A from v, which is unmapped: B goes idle */
+  tu_free(a, u, S1);
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  vmm_snapshot s = snap(a);
+  assert_int_equal(s.kind[T].idle_count, 2); /* B and the handle v created */
+  size_t from = fake_call_count();
+  void *r = alloc_in(a, 6 * MiB, T, S1, 0); /* [B, A] of w's old range, 8 MiB into it */
+  assert_ptr_equal(r, (char *)w + 8 * MiB);
+  assert_int_equal(mapping_calls_since(from), 0);
+  char got[2];
+  assert_int_equal(fake_read(dp(r), got, 2), 0);
+  assert_string_equal(got, "B");
+  s = snap(a);
+  assert_int_equal(s.revived_runs, 1);
+  assert_int_equal(s.kind[T].idle_count, 2); /* B left the idle tier; u's C went to it */
+  assert_true(fake_mapped_size_at(dp(w))); /* the part before the run, [C], still retired */
+  assert_int_equal(vmm_arena_check(a, NULL, 0), VMM_OK);
+  tu_free(a, r, S1);
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
+  assert_int_equal(fake_mapped_size_at(dp(w)), 0);
+  assert_int_equal(usage(a).reserved_bytes, 0);
+  tu_destroy(a);
+}
+
+/* ---- Growing in place (VMMARENA_GROW) -------------------------------------------------- */
+
+/* Whole-process mode with growth on: one handle per new request of up to 64 MiB, VA
+ * reservations of `reserve` bytes. */
+static vmm_arena *growing_arena(size_t reserve) {
+  fake_driver_reset(NULL);
+  vmm_config c = tu_config();
+  c.caching = 1;
+  c.retain = VMM_RETAIN_AUTO;
+  c.handle_bound_bytes = 64 * MiB;
+  c.reserve_bytes = reserve;
+  c.grow_in_place = 1;
+  return tu_arena(NULL, &c);
+}
+
+/* Checks that the last mapping calls since `from` mapped one handle of `bytes` at `at` and gave
+ * only it access, and unmapped nothing. */
+static void expect_mapped_beside(size_t from, CUdeviceptr at, size_t bytes) {
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_map), 1);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_set_access), 1);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 0);
+  for (size_t i = from; i < fake_call_count(); i++) {
+    const fake_call *k = fake_call_at(i);
+    if (k->entry == VMM_DRV_mem_map || k->entry == VMM_DRV_mem_set_access) {
+      assert_int_equal(k->a0, at);
+      assert_int_equal(k->a1, bytes);
+    }
+  }
+}
+
+/* A miss grows a pooled mapping in place: its handle stays mapped where it was (what it holds
+ * is still there), the new memory is mapped in the free VA right after it, and only that is
+ * given access. Its range does not retire. Ranges are placed with free VA on both sides. */
+static void a_pooled_mapping_grows_in_place(void **state) {
+  (void)state;
+  vmm_arena *a = growing_arena(64 * GiB);
+  void *x = alloc_in(a, 4 * MiB, T, S1, 0);
+  assert_int_equal(fake_write(dp(x), "x", 2), 0);
+  tu_free(a, x, S1);
+  size_t from = fake_call_count();
+  void *y = alloc_in(a, 6 * MiB, T, S1, 0);
+  assert_ptr_equal(y, x);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 1); /* the 2 MiB the cache lacked */
+  expect_mapped_beside(from, dp(x) + 4 * MiB, 2 * MiB);
+  char got[2];
+  assert_int_equal(fake_read(dp(y), got, 2), 0);
+  assert_string_equal(got, "x");
+  assert_true(fake_access_granted(dp(y), 0) && fake_access_granted(dp(y) + 4 * MiB, 0));
+  vmm_snapshot s = snap(a);
+  assert_int_equal(s.grown_in_place, 1);
+  assert_int_equal(s.retiring_ranges, 0);
+  assert_int_equal(s.assembled_idle_handles, 0); /* x's handle was not mapped again */
+  assert_int_equal(usage(a).reserved_bytes, 6 * MiB);
+  assert_int_equal(vmm_arena_check(a, NULL, 0), VMM_OK);
+  tu_free(a, y, S1);
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK); /* the grown mapping unmapped whole */
+  assert_int_equal(fake_mapped_size_at(dp(y)), 0);
+  assert_int_equal(usage(a).reserved_bytes, 0);
+  tu_destroy(a);
+}
+
+/* Where the VA after a pooled mapping is not free (here: the end of its reservation), it grows
+ * downwards into the free VA before it; where neither side is free, the miss is assembled in
+ * a fresh range as before. */
+static void a_pooled_mapping_grows_down_or_not_at_all(void **state) {
+  (void)state;
+  vmm_arena *a = growing_arena(16 * MiB); /* too small to spread: ranges come from the top */
+  void *x = alloc_in(a, 8 * MiB, T, S1, 0);
+  tu_free(a, x, S1);
+  size_t from = fake_call_count();
+  void *y = alloc_in(a, 12 * MiB, T, S1, 0);
+  assert_ptr_equal(y, (char *)x - 4 * MiB);
+  expect_mapped_beside(from, dp(y), 4 * MiB);
+  tu_free(a, y, S1);
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  from = fake_call_count();
+  void *z = alloc_in(a, 20 * MiB, T, S1, 0); /* no room on either side of the 12 MiB: a new reservation */
+  assert_true(z != y);
+  assert_int_equal(snap(a).reservations, 2);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_map), 3); /* both old handles mapped again, and 8 MiB new */
+  vmm_snapshot s = snap(a);
+  assert_int_equal(s.grown_in_place, 1);
+  assert_int_equal(s.retiring_ranges, 1); /* y's old range */
+  assert_int_equal(vmm_arena_check(a, NULL, 0), VMM_OK);
+  tu_free(a, z, S1);
+  tu_destroy(a);
+}
+
+/* With growth off (VMMARENA_GROW=off) the same miss maps every handle in a fresh range, and
+ * ranges are packed: the setting is what changes the behaviour. */
+static void growth_off_assembles_in_a_fresh_range(void **state) {
+  (void)state;
+  vmm_arena *a = whole_handles_arena(); /* tu_config: growth off */
+  void *x = alloc_in(a, 4 * MiB, T, S1, 0);
+  tu_free(a, x, S1);
+  size_t from = fake_call_count();
+  void *y = alloc_in(a, 6 * MiB, T, S1, 0);
+  assert_true(y != x);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_map), 2);
+  vmm_snapshot s = snap(a);
+  assert_int_equal(s.grown_in_place, 0);
+  assert_int_equal(s.retiring_ranges, 1);
+  tu_free(a, y, S1);
+  tu_destroy(a);
+}
+
 /* Pausing memory whose handles a retired range also maps unmaps that range first, so that the
  * release frees the memory and nothing can serve from a released handle. */
 static void pause_unmaps_the_retired_ranges_of_its_handles(void **state) {
@@ -1477,17 +1626,29 @@ static void cd_scenario(countdown *c) {
     for (int i = 0; i < 3; i++) cd_free(c, k[i]);
     cd_free(c, cd_alloc(c, 6 * MiB, T, S1, 0));
   }
+  if (a->cfg.grow_in_place) { /* the cache is empty: a pooled 4 MiB mapping grows to 6 MiB in place */
+    cd_free(c, cd_alloc(c, 4 * MiB, T, S1, 0));
+    cd_free(c, cd_alloc(c, 6 * MiB, T, S1, 0));
+  }
 }
 
 /* Returns the faults the run met. */
-static unsigned countdown_run(unsigned nth, CUresult code, int persistent, double refill) {
+static unsigned countdown_run(unsigned nth, CUresult code, int persistent, double refill, int grow) {
   countdown c = {0};
-  c.a = process_arena_refill(24 * MiB, VMM_RETAIN_AUTO, 0, refill);
+  fake_driver_reset(NULL);
+  vmm_config cfg = tu_config();
+  cfg.caching = 1;
+  cfg.retain = VMM_RETAIN_AUTO;
+  cfg.limit_bytes = 24 * MiB;
+  cfg.refill_share = refill;
+  cfg.grow_in_place = grow;
+  c.a = tu_arena(NULL, &cfg);
   c.single = !persistent;
   if (nth) fake_fail_nth_any(nth, code, persistent);
   cd_scenario(&c);
   if (!nth) assert_true(snap(c.a).pooled_taken_apart_early >= 2); /* the scenario takes the early paths */
   if (!nth && refill > 0.0) assert_int_equal(snap(c.a).refills, 1);
+  if (!nth) assert_true(grow ? snap(c.a).grown_in_place > 0 : snap(c.a).grown_in_place == 0);
   unsigned fired = fake_faults_fired();
   fake_clear_faults();
   fake_set_capturing(S1, 0);
@@ -1516,20 +1677,23 @@ static unsigned countdown_run(unsigned nth, CUresult code, int persistent, doubl
 
 static void countdown_over_whole_process_paths(void **state) {
   (void)state;
-  const double refills[] = {0.0, 0.9}; /* VMMARENA_REFILL assemble, below-peak */
-  for (size_t r = 0; r < 2; r++) {
-    assert_int_equal(countdown_run(0, CUDA_SUCCESS, 0, refills[r]), 0);
+  const struct {
+    double refill; /* VMMARENA_REFILL assemble, below-peak */
+    int grow;      /* VMMARENA_GROW */
+  } runs[] = {{0.0, 0}, {0.9, 0}, {0.0, 1}};
+  for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+    assert_int_equal(countdown_run(0, CUDA_SUCCESS, 0, runs[r].refill, runs[r].grow), 0);
     size_t points = 0;
     const CUresult codes[] = {CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN};
     for (int persistent = 0; persistent < 2; persistent++)
       for (size_t k = 0; k < 2; k++)
         for (unsigned nth = 1;; nth++) {
-          if (!countdown_run(nth, codes[k], persistent, refills[r])) break;
+          if (!countdown_run(nth, codes[k], persistent, runs[r].refill, runs[r].grow)) break;
           points++;
           assert_true(nth < 10000);
         }
-    fprintf(stderr, "countdown over the whole-process paths (refill share %.1f): %zu injection points\n", refills[r],
-            points);
+    fprintf(stderr, "countdown over the whole-process paths (refill share %.1f, growth %s): %zu injection points\n",
+            runs[r].refill, runs[r].grow ? "on" : "off", points);
     assert_true(points > 40);
   }
 }
@@ -1554,6 +1718,10 @@ int main(void) {
       cmocka_unit_test(pause_unmaps_the_retired_ranges_of_its_handles),
       cmocka_unit_test(early_take_apart_leaves_the_rest_pooled),
       cmocka_unit_test(retired_ranges_kept_at_most_256_once_complete),
+      cmocka_unit_test(a_run_of_a_retired_range_serves_in_place),
+      cmocka_unit_test(a_pooled_mapping_grows_in_place),
+      cmocka_unit_test(a_pooled_mapping_grows_down_or_not_at_all),
+      cmocka_unit_test(growth_off_assembles_in_a_fresh_range),
       cmocka_unit_test(early_take_apart_orders_the_stream_and_never_in_a_capture),
       cmocka_unit_test(refill_creates_below_the_high_water_mark),
       cmocka_unit_test(refill_only_for_several_handles),

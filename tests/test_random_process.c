@@ -162,14 +162,16 @@ static void op_control(model *m) {
 
 /* The model's run; with a refill share (VMMARENA_REFILL=below-peak:F) misses below the
  * high-water mark get new memory in place of several cached handles; with `background` the
- * arena's thread unmaps retired ranges (the calls' order then varies from run to run). */
-static void run_model(double refill, int background) {
+ * arena's thread unmaps retired ranges (the calls' order then varies from run to run); with
+ * `grow` (the default configuration) pooled mappings grow in place, in ranges spread apart. */
+static void run_model(double refill, int background, int grow) {
   fake_driver_reset(NULL);
   vmm_config c = tu_config();
   c.caching = 1;
   c.retain = VMM_RETAIN_AUTO;
   c.refill_share = refill;
   c.unmap_in_background = background;
+  c.grow_in_place = grow;
   model m = {.a = tu_arena(NULL, &c), .rng = 0x9e3779b97f4a7c15ull};
   const char *env = getenv("VMMARENA_RANDOM_PROCESS_OPS");
   size_t steps = env ? strtoul(env, NULL, 10) : STEPS;
@@ -182,11 +184,13 @@ static void run_model(double refill, int background) {
   }
   vmm_snapshot s;
   assert_int_equal(vmm_arena_snapshot(m.a, &s), VMM_OK);
-  printf("whole-process model (refill share %.1f): %llu prefix hits, %llu ranges served again, %llu taken apart "
-         "early, %llu refills\n",
-         refill, (unsigned long long)s.prefix_hits, (unsigned long long)s.revived_ranges,
-         (unsigned long long)s.pooled_taken_apart_early, (unsigned long long)s.refills);
-  if (steps >= STEPS) assert_true(s.prefix_hits > 0 && s.revived_ranges > 0); /* the model went through both paths */
+  printf("whole-process model (refill share %.1f, growth %s): %llu prefix hits, %llu ranges served again (%llu of "
+         "them runs), %llu taken apart early, %llu refills, %llu grown in place\n",
+         refill, grow ? "on" : "off", (unsigned long long)s.prefix_hits, (unsigned long long)s.revived_ranges,
+         (unsigned long long)s.revived_runs, (unsigned long long)s.pooled_taken_apart_early,
+         (unsigned long long)s.refills, (unsigned long long)s.grown_in_place);
+  if (steps >= STEPS) assert_true(s.prefix_hits > 0 && s.revived_ranges > 0 && s.revived_runs > 0); /* every path */
+  if (steps >= STEPS) assert_true(grow ? s.grown_in_place > 0 : s.grown_in_place == 0);
   if (steps >= STEPS) assert_true(refill > 0.0 ? s.refills > 0 : s.refills == 0);
   if (steps >= STEPS) assert_true(background ? s.unmapped_in_background > 0 : s.unmapped_in_background == 0);
   if (m.capture) {
@@ -211,21 +215,28 @@ static void run_model(double refill, int background) {
 
 static void random_operations(void **state) {
   (void)state;
-  run_model(0.0, 0);
+  run_model(0.0, 0, 1);
+}
+
+static void random_operations_packed_and_never_grown(void **state) {
+  (void)state;
+  run_model(0.0, 0, 0);
 }
 
 static void random_operations_with_refill(void **state) {
   (void)state;
-  run_model(0.9, 0);
+  run_model(0.9, 0, 1);
 }
 
 static void random_operations_unmapping_in_the_background(void **state) {
   (void)state;
-  run_model(0.0, 1);
+  run_model(0.0, 1, 1);
 }
 
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(random_operations), cmocka_unit_test(random_operations_with_refill),
+  const struct CMUnitTest tests[] = {cmocka_unit_test(random_operations),
+                                     cmocka_unit_test(random_operations_packed_and_never_grown),
+                                     cmocka_unit_test(random_operations_with_refill),
                                      cmocka_unit_test(random_operations_unmapping_in_the_background)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

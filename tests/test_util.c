@@ -9,6 +9,7 @@ vmm_config tu_config(void) {
   cfg.retain = VMM_RETAIN_ON;
   cfg.log_level = 0;
   cfg.reserve_bytes = 64 * GiB;
+  cfg.grow_in_place = 0;       /* ranges packed and never grown, unless a test asks */
   cfg.unmap_in_background = 0; /* every driver call on the test's thread, in one order */
   return cfg;
 }
