@@ -335,8 +335,7 @@ static vmm_status forget(vmm_arena *a, vmm_mapping *m, bool retain) {
 void vmm_mapping_dissolve(vmm_arena *a, vmm_mapping *m) {
   vmm_stat_add(a, m->kind, m->state, m->extent, -1);
   vmm_table_remove(&a->table, m->base);
-  m->handle_count = 0; /* its handles are the grown mapping's */
-  vmm_mapping_free(m);
+  vmm_mapping_free(m); /* the record and its array; the handles are the grown mapping's */
 }
 
 vmm_status vmm_mapping_dispose(vmm_arena *a, vmm_mapping *m, bool retain, size_t first_stuck) {
