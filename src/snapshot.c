@@ -218,9 +218,10 @@ static void settings_json(jw *w, const vmm_arena *a, const vmm_snapshot *s) {
   printf_(w, "\"reuse\":{\"policy\":\"%s\",\"bound\":", vmm_reuse_policy_name(s->reuse));
   if (isfinite(s->reuse_bound)) printf_(w, "%g", s->reuse_bound);
   else puts_(w, "null"); /* JSON has no inf or nan */
-  printf_(w, ",\"handle_bound_bytes\":%llu,\"package_assembly\":%s,\"refill_share\":%g,\"refill_live_share\":%g},",
+  printf_(w, ",\"handle_bound_bytes\":%llu,\"package_assembly\":%s,\"refill_share\":%g,\"refill_live_share\":%g,",
           (unsigned long long)s->handle_bound_bytes, a->cfg.package_assembly ? "true" : "false", a->cfg.refill_share,
           a->cfg.refill_live_share);
+  printf_(w, "\"grow_in_place\":%s},", vmm_grows_in_place(a) ? "true" : "false");
   kv_u64(w, "granularity", s->granularity, 0);
   kv_u64(w, "headroom_bytes", s->headroom_bytes, 1);
   kv_u64(w, "limit_bytes", s->limit_bytes, 1);
