@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """GPU benchmark of whole-process mode (vmmarena.install()): the warmup catalogs of
-torch_workload.py run as plain PyTorch code under six allocators, each catalog and mode in a
+torch_workload.py run as plain PyTorch code in these modes, each catalog and mode in a
 process of its own with the same seed:
 
   native          PyTorch's caching allocator
@@ -13,6 +13,9 @@ process of its own with the same seed:
                   mark gets one new handle instead of several cached ones (fewer driver calls)
   process-bounded process with VMMARENA_REUSE=bounded:1.25: a pooled mapping up to 1.25x the
                   request is a hit (fewer driver calls, more memory); only when --modes asks
+  process-nogrow  process with VMMARENA_GROW=off: no pooled mapping grows in place, each miss
+                  is mapped whole in a fresh range (side by side with process); only when
+                  --modes asks
 
 For each it reports the physical peak as the allocator's reserved peak (the same measure for
 all: torch.cuda.max_memory_reserved for native, expandable and both process modes, where it
@@ -74,8 +77,10 @@ MODES = {
     "process-retain": {"VMMARENA_RETAIN": "on"},
     "process-refill": {"VMMARENA_RETAIN": "off", "VMMARENA_REFILL": "below-peak"},
     "process-bounded": {"VMMARENA_RETAIN": "off", "VMMARENA_REUSE": "bounded:1.25"},
+    "process-nogrow": {"VMMARENA_RETAIN": "off", "VMMARENA_GROW": "off"},
 }
-PROCESS_MODES = ("process", "process-retain", "process-refill", "process-bounded")
+PROCESS_MODES = ("process", "process-retain", "process-refill", "process-bounded", "process-nogrow")
+ASKED_ONLY = ("process-bounded", "process-nogrow")  # run only when --modes names them
 HOT_MODES = ("native", "process")
 HOT_SIZES = (0, 512, 4096, 65536, 1 << 20, 2 << 20, 64 << 20)
 TARGET, GOAL = 1.10, 1.05
@@ -375,7 +380,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", nargs="?", help="where to write the JSON results")
     parser.add_argument("--catalog", default="default,ascending,shuffled110,smallpool", help="names, or all")
-    parser.add_argument("--modes", default=",".join(m for m in MODES if m != "process-bounded"))
+    parser.add_argument("--modes", default=",".join(m for m in MODES if m not in ASKED_ONLY))
     parser.add_argument("--library", help="path of libvmmarena_torch.so")
     parser.add_argument("--seed", type=int, default=torch_workload.DEFAULT_SEED)
     parser.add_argument("--pairs", type=int, default=20000, help="timed pairs per size on the hot path")

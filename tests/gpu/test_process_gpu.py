@@ -325,6 +325,40 @@ def driver_calls(name):
     return vmmarena.snapshot(DEV)["driver"].get(name, {}).get("calls", 0)
 
 
+def test_a_freed_tensor_grows_in_place():
+    # VMMARENA_GROW=on: a freed 64 MiB tensor's memory serves a 96 MiB one where it is mapped;
+    # only the new 32 MiB are mapped beside it and given access. On the real driver: what the
+    # kept handles held is still there, kernels write and read across the seam, and once freed
+    # the grown mapping is unmapped whole, so empty_cache gives the device everything back.
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    grown = vmmarena.snapshot(DEV)["pool"].get("grown_in_place", 0)
+    x = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda").fill_(7)
+    torch.cuda.synchronize()
+    base = x.data_ptr()
+    del x
+    free_before = torch.cuda.mem_get_info(DEV)[0]
+    maps, access = driver_calls("cuMemMap"), driver_calls("cuMemSetAccess")
+    y = torch.empty(96 * MiB, dtype=torch.uint8, device="cuda")
+    check(vmmarena.snapshot(DEV)["pool"].get("grown_in_place", 0) == grown + 1, "the 96 MiB request grew nothing")
+    check(y.data_ptr() in (base, base - 32 * MiB), f"grown at 0x{y.data_ptr():x}, the freed tensor was at 0x{base:x}")
+    kept = y[:64 * MiB] if y.data_ptr() == base else y[32 * MiB:]
+    check(bool((kept == 7).all()), "the kept handles' contents changed: they were not the same memory")
+    check(driver_calls("cuMemSetAccess") == access + 1, "not one cuMemSetAccess for the new part")
+    new_maps = driver_calls("cuMemMap") - maps
+    y.fill_(3)
+    total = int(y.sum(dtype=torch.int64))
+    print(f"  grown {'up' if y.data_ptr() == base else 'down'}: {new_maps} handle(s) mapped for 32 MiB; "
+          f"device free {free_before / MiB:.0f} -> {torch.cuda.mem_get_info(DEV)[0] / MiB:.0f} MiB")
+    check(total == 3 * 96 * MiB, f"sum over the grown tensor {total}, not {3 * 96 * MiB}")
+    del y, kept
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    gained = torch.cuda.mem_get_info(DEV)[0] - free_before
+    # x's 64 MiB were held when free_before was read, the new 32 MiB made after: both go back
+    check(gained >= 48 * MiB, f"empty_cache gave the device {gained} bytes of the 96 MiB grown mapping")
+
+
 def test_a_capture_draws_from_the_cache_its_entry_keeps():
     torch.cuda.synchronize()
     held = [torch.empty(256 * MiB, dtype=torch.uint8, device="cuda").fill_(1) for _ in range(4)]
@@ -482,6 +516,7 @@ TESTS = [
     test_graph_memory_returns_when_the_graph_is_deleted,
     test_two_graphs_share_a_pool,
     test_a_capture_draws_from_the_cache_its_entry_keeps,
+    test_a_freed_tensor_grows_in_place,
 ]
 check(len(TESTS) == len([name for name in globals() if name.startswith("test_")]), "a test is not listed")
 
