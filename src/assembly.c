@@ -530,20 +530,22 @@ static uint32_t order_around_growth(assembly *x, uint32_t n) {
 /* Maps the handles back to back in the new range and gives it access; for a growth, only the
  * others, in the VA beside the grown mapping. */
 static vmm_status map_step(vmm_arena *a, assembly *x) {
-  vmm_mapping *m = x->into ? x->into : x->m;
+  const vmm_mapping *g = x->p.grow;
   uint32_t n = x->p.n_idle + x->n_new, from = 0;
   if (x->p.n_idle) memcpy(x->slots, x->p.use, x->p.n_idle * sizeof *x->p.use);
-  if (x->p.grow) from = order_around_growth(x, n);
+  if (g) from = order_around_growth(x, n);
+  CUdeviceptr at = g ? x->p.beside : (x->into ? x->into : x->m)->base;
+  uint32_t count = g ? n - g->handle_count : n;
+  size_t bytes = g ? x->p.beside_bytes : x->extent;
   vmm_driver_entry failed = VMM_DRV_mem_map;
   x->first_stuck = a->ranges.stuck_count;
-  CUresult r = x->p.grow ? vmm_map_handles(a, x->p.beside, x->slots + from, n - x->p.grow->handle_count,
-                                           x->p.beside_bytes, &failed)
-                         : vmm_map_handles(a, m->base, x->slots, n, x->extent, &failed);
+  CUresult r = vmm_map_handles(a, at, x->slots + from, count, bytes, &failed);
   if (r == CUDA_SUCCESS) return VMM_OK;
-  char b[32];
-  return vmm_fail_driver(a, r, failed, "%s %s (requested %zu B, rounded %zu B): mapping %u handles at 0x%llx",
-                         vmm_kind_name(x->req->kind), vmm_fmt_bytes(x->extent, b), x->req->bytes, x->req->rounded,
-                         x->p.n_idle + x->n_new, (unsigned long long)m->base);
+  char b[2][32];
+  return vmm_fail_driver(a, r, failed, "%s %s (requested %zu B, rounded %zu B): mapping %u handles (%s) at 0x%llx%s",
+                         vmm_kind_name(x->req->kind), vmm_fmt_bytes(x->extent, b[0]), x->req->bytes, x->req->rounded,
+                         count, vmm_fmt_bytes(bytes, b[1]), (unsigned long long)at,
+                         g ? ", beside the pooled mapping it grows" : "");
 }
 
 /* In order. A step that fails leaves nothing of its own behind; the undo of each step before

@@ -93,7 +93,7 @@ static int carve(vmm_ranges *r, vmm_free_range *f, CUdeviceptr base, size_t size
   return 0;
 }
 
-#define VMM_SPREAD 4
+#define VMM_SPREAD 4 /* a range goes in the middle of a free range at least this many times its size */
 
 vmm_status vmm_ranges_alloc(vmm_arena *a, size_t size, CUdeviceptr *base, uint32_t *reservation) {
   vmm_ranges *r = &a->ranges;
