@@ -126,22 +126,16 @@ static int parse_options(int argc, char **argv, options *o) {
         fprintf(stderr, "vmmarena-replay: --driver %s: expected fake or cuda\n", value);
         return -1;
       }
-    } else if (!strcmp(arg, "--refill")) {
-      vmm_config parsed;
+    } else if (!strcmp(arg, "--refill") || !strcmp(arg, "--grow")) {
+      vmm_config parsed; /* parsed as the library parses VMMARENA_REFILL and VMMARENA_GROW */
       vmm_config_init(&parsed);
-      if (vmm_config_set(&parsed, "refill", value) != VMM_OK) {
-        fprintf(stderr, "vmmarena-replay: --refill: %s\n", vmm_config_error());
+      parsed.refill_share = o->refill_share, parsed.refill_live_share = o->refill_live_share;
+      parsed.grow_in_place = o->grow;
+      if (vmm_config_set(&parsed, arg + 2, value) != VMM_OK) {
+        fprintf(stderr, "vmmarena-replay: %s: %s\n", arg, vmm_config_error());
         return -1;
       }
-      o->refill_share = parsed.refill_share;
-      o->refill_live_share = parsed.refill_live_share;
-    } else if (!strcmp(arg, "--grow")) {
-      vmm_config parsed;
-      vmm_config_init(&parsed);
-      if (vmm_config_set(&parsed, "grow", value) != VMM_OK) {
-        fprintf(stderr, "vmmarena-replay: --grow: %s\n", vmm_config_error());
-        return -1;
-      }
+      o->refill_share = parsed.refill_share, o->refill_live_share = parsed.refill_live_share;
       o->grow = parsed.grow_in_place;
     } else if (!strcmp(arg, "--lag")) {
       char *end = NULL;

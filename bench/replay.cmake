@@ -94,6 +94,18 @@ if(VMMARENA_TESTS)
     COMMAND sh -c "cp '${PROJECT_SOURCE_DIR}/tests/data/process.trace' '${CMAKE_CURRENT_BINARY_DIR}/over.trace' && ! '$<TARGET_FILE:vmmarena-replay>' --csv '${CMAKE_CURRENT_BINARY_DIR}/over.trace'")
   set_tests_properties(vmmarena_replay_output_over_a_trace PROPERTIES TIMEOUT 60
     PASS_REGULAR_EXPRESSION "over.trace: that file is a trace; not writing over it")
+  # The same, kept cache and device behind, with VMMARENA_GROW on (the default) and off: pooled
+  # mappings grow in place with it (a count above zero is matched) and never without it.
+  add_test(NAME vmmarena_replay_grow
+    COMMAND vmmarena-replay --keep-cache --lag 5 ${CMAKE_CURRENT_SOURCE_DIR}/traces/default-process.trace.gz)
+  set_tests_properties(vmmarena_replay_grow PROPERTIES TIMEOUT 300
+    PASS_REGULAR_EXPRESSION "VMMARENA_GROW=on: pooled mappings grown in place \\(the rest mapped beside them\\): no-retention [1-9][0-9]*,"
+    FAIL_REGULAR_EXPRESSION "FAILED;vmmarena-replay: ")
+  add_test(NAME vmmarena_replay_grow_off
+    COMMAND vmmarena-replay --keep-cache --lag 5 --grow off ${CMAKE_CURRENT_SOURCE_DIR}/traces/default-process.trace.gz)
+  set_tests_properties(vmmarena_replay_grow_off PROPERTIES TIMEOUT 300
+    PASS_REGULAR_EXPRESSION "VMMARENA_GROW=off: pooled mappings grown in place \\(the rest mapped beside them\\): no-retention 0,"
+    FAIL_REGULAR_EXPRESSION "FAILED;vmmarena-replay: ")
   # The same trace with the fake device 5 operations behind (frees not yet complete when the
   # next request comes, as on the H200): every policy must still finish sound.
   add_test(NAME vmmarena_replay_lag

@@ -125,6 +125,7 @@ static void defaults(void **state) {
   assert_int_equal(cfg.log_level, 1);
   assert_true(cfg.refill_share == 0.0 && cfg.refill_live_share == 0.0); /* assembled before new memory */
   assert_int_equal(cfg.unmap_in_background, 1);
+  assert_int_equal(cfg.grow_in_place, 1);
   assert_null(cfg.driver);
   assert_string_equal(vmm_reuse_policy_name(VMM_REUSE_BOUNDED), "bounded");
   assert_string_equal(vmm_reuse_policy_name(VMM_REUSE_BEST_FIT), "best-fit");
@@ -182,6 +183,8 @@ static void refill_live_1_2(const vmm_config *c) { assert_true(c->refill_live_sh
 static void refill_live_1(const vmm_config *c) { assert_true(c->refill_live_share == 1.0); }
 static void unmap_inline(const vmm_config *c) { assert_int_equal(c->unmap_in_background, 0); }
 static void unmap_background(const vmm_config *c) { assert_int_equal(c->unmap_in_background, 1); }
+static void grow_on(const vmm_config *c) { assert_int_equal(c->grow_in_place, 1); }
+static void grow_off(const vmm_config *c) { assert_int_equal(c->grow_in_place, 0); }
 
 static const good_case good_cases[] = {
     {"VMMARENA_REUSE", "exact", is_exact},
@@ -228,6 +231,8 @@ static const good_case good_cases[] = {
     {"VMMARENA_REFILL", "within-live:1", refill_live_1},
     {"VMMARENA_UNMAP", "Inline", unmap_inline},
     {"VMMARENA_UNMAP", "background", unmap_background},
+    {"VMMARENA_GROW", "off", grow_off},
+    {"VMMARENA_GROW", "On", grow_on},
 };
 
 /* A bad value and the reason the message must give. */
@@ -248,6 +253,8 @@ static const bad_case bad_cases[] = {
     {"VMMARENA_REFILL", "sometimes", "expected assemble, below-peak[:F] (0 < F <= 1) or within-live[:F] (F >= 1)"},
     {"VMMARENA_UNMAP", "off", "expected background or inline"},
     {"VMMARENA_UNMAP", "", "expected background or inline"},
+    {"VMMARENA_GROW", "sideways", "expected on or off"},
+    {"VMMARENA_GROW", "", "expected on or off"},
     {"VMMARENA_REUSE", "bounded:0.5", "F >= 1"},
     {"VMMARENA_REUSE", "bounded:", "F >= 1"},
     {"VMMARENA_REUSE", "bounded:2x", "F >= 1"},

@@ -865,6 +865,9 @@ static void create_bad_config(void **state) {
   cfg.unmap_in_background = 2;
   expect_create_error(&cfg, VMM_ERR_INVALID_ARGUMENT, "unmap_in_background 2 must be 0 (inline) or 1 (background)");
   cfg = tu_config();
+  cfg.grow_in_place = -1;
+  expect_create_error(&cfg, VMM_ERR_INVALID_ARGUMENT, "grow_in_place -1 must be 0 (off) or 1 (on)");
+  cfg = tu_config();
   assert_int_equal(vmm_arena_create(&cfg, NULL), VMM_ERR_INVALID_ARGUMENT);
   assert_has(vmm_create_error(), "NULL out-pointer");
 }

@@ -14,11 +14,18 @@
 #define T VMM_KIND_TRANSIENT
 #define P VMM_KIND_PACKAGE
 
-static vmm_arena *process_arena_refill(size_t limit, vmm_retain_mode retain, size_t handle_bound, double refill) {
-  fake_driver_reset(NULL);
+/* Whole-process mode on the fake driver, retention auto (off on the fake's discrete device, as
+ * on an H200); growth off, as tu_config has it, unless a test asks. */
+static vmm_config process_config(void) {
   vmm_config c = tu_config();
   c.caching = 1;
-  c.retain = retain; /* auto: off on the fake's discrete device, as on an H200 */
+  c.retain = VMM_RETAIN_AUTO;
+  return c;
+}
+
+static vmm_arena *process_arena_refill(size_t limit, vmm_retain_mode retain, size_t handle_bound, double refill) {
+  vmm_config c = process_config();
+  c.retain = retain;
   c.limit_bytes = limit;
   c.handle_bound_bytes = handle_bound;
   c.refill_share = refill;
@@ -623,10 +630,7 @@ static void a_run_of_a_retired_range_serves_in_place(void **state) {
 /* Whole-process mode with growth on: one handle per new request of up to 64 MiB, VA
  * reservations of `reserve` bytes. */
 static vmm_arena *growing_arena(size_t reserve) {
-  fake_driver_reset(NULL);
-  vmm_config c = tu_config();
-  c.caching = 1;
-  c.retain = VMM_RETAIN_AUTO;
+  vmm_config c = process_config();
   c.handle_bound_bytes = 64 * MiB;
   c.reserve_bytes = reserve;
   c.grow_in_place = 1;
@@ -1635,10 +1639,7 @@ static void cd_scenario(countdown *c) {
 /* Returns the faults the run met. */
 static unsigned countdown_run(unsigned nth, CUresult code, int persistent, double refill, int grow) {
   countdown c = {0};
-  fake_driver_reset(NULL);
-  vmm_config cfg = tu_config();
-  cfg.caching = 1;
-  cfg.retain = VMM_RETAIN_AUTO;
+  vmm_config cfg = process_config();
   cfg.limit_bytes = 24 * MiB;
   cfg.refill_share = refill;
   cfg.grow_in_place = grow;
