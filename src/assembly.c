@@ -159,9 +159,10 @@ static CUdeviceptr room_beside(const vmm_arena *a, const vmm_mapping *m, size_t 
   return 0;
 }
 
-/* Before the plan: the largest shared pooled mapping smaller than the request that may be taken
- * apart, with room beside it for the rest (and its overshoot), among the first VMM_GROW_LOOK
- * looked at, largest first; it is chosen whole. */
+/* Before the plan: the largest pooled mapping smaller than the request that it may take apart
+ * (can_take_apart says which: a graph's memory serves only its own pool), with room beside it
+ * for the rest (and its overshoot), among the first VMM_GROW_LOOK looked at, largest first; it
+ * is chosen whole. */
 static vmm_mapping *pick_growth(vmm_arena *a, plan *p, size_t rounded) {
   size_t looked = 0;
   for (vmm_bucket *b = vmm_pool_bucket_near(&a->store.pool, rounded - 1, false); b && looked < VMM_GROW_LOOK;
@@ -169,21 +170,20 @@ static vmm_mapping *pick_growth(vmm_arena *a, plan *p, size_t rounded) {
     vmm_assert(b->head);
     for (vmm_mapping *m = b->head; m && looked < VMM_GROW_LOOK; m = m->pool_next, looked++) {
       size_t rest = rounded - m->extent;
-      if (m->pool == VMM_POOL_SHARED && room_beside(a, m, rest + rest / VMM_OVERSHOOT_SHARE) &&
-          can_take_apart(a, p, m, rounded, false))
+      if (room_beside(a, m, rest + rest / VMM_OVERSHOOT_SHARE) && can_take_apart(a, p, m, rounded, false))
         return m;
     }
   }
   return NULL;
 }
 
-/* After the plan: of the shared pooled mappings it takes whole, the one of the most handles with
- * room beside it for the rest, or NULL. */
+/* After the plan: of the pooled mappings it takes whole, the one of the most handles with room
+ * beside it for the rest, or NULL. */
 static vmm_mapping *pick_taken_whole(const vmm_arena *a, const plan *p) {
   vmm_mapping *best = NULL;
   for (size_t i = 0; i < p->n_apart; i++) {
     vmm_mapping *m = p->apart[i];
-    if (m->pool == VMM_POOL_SHARED && all_taken(m) && (!best || m->handle_count > best->handle_count) &&
+    if (all_taken(m) && (!best || m->handle_count > best->handle_count) &&
         room_beside(a, m, p->covered + p->fresh - m->extent))
       best = m;
   }
@@ -382,7 +382,7 @@ static vmm_status plan_make(vmm_arena *a, const vmm_request *req, bool resume, b
   p->use = malloc((a->store.idle_count + a->store.pool.handles + 1) * sizeof *p->use);
   p->apart = malloc((a->store.pool.count + 1) * sizeof *p->apart);
   if (!p->use || !p->apart) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for an assembly");
-  if (vmm_grows_in_place(a) && !resume && !padded && req->pool == VMM_POOL_SHARED) plan_growth(a, p, req->rounded);
+  if (vmm_grows_in_place(a) && !resume && !padded) plan_growth(a, p, req->rounded);
   else plan_idle(a, p, req->rounded, padded);
   return VMM_OK;
 }
