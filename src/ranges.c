@@ -97,18 +97,19 @@ static int carve(vmm_ranges *r, vmm_free_range *f, CUdeviceptr base, size_t size
 
 vmm_status vmm_ranges_alloc(vmm_arena *a, size_t size, CUdeviceptr *base, uint32_t *reservation) {
   vmm_ranges *r = &a->ranges;
-  if (!vmm_avl_ceil(r->by_size, size, 0)) {
+  vmm_free_range *f = by_size(vmm_avl_ceil(r->by_size, size, 0)); /* the best fit */
+  if (!f) {
     vmm_status s = grow(a, size);
     if (s != VMM_OK) return s;
+    f = by_size(vmm_avl_ceil(r->by_size, size, 0));
+    vmm_assert(f);
   }
-  vmm_free_range *f = vmm_grows_in_place(a) ? by_size(vmm_avl_last(r->by_size)) : NULL;
-  if (f && f->size / VMM_SPREAD >= size) {
-    CUdeviceptr middle = f->base + (f->size - size) / 2 / a->granularity * a->granularity;
-    *reservation = f->reservation;
-    if (carve(r, f, middle, size) == 0) return *base = middle, VMM_OK;
+  vmm_free_range *largest = vmm_grows_in_place(a) ? by_size(vmm_avl_last(r->by_size)) : NULL;
+  if (largest && largest->size / VMM_SPREAD >= size) {
+    CUdeviceptr middle = largest->base + (largest->size - size) / 2 / a->granularity * a->granularity;
+    *reservation = largest->reservation;
+    if (carve(r, largest, middle, size) == 0) return *base = middle, VMM_OK; /* else nothing changed */
   }
-  f = by_size(vmm_avl_ceil(r->by_size, size, 0));
-  vmm_assert(f);
   *reservation = f->reservation;
   *base = f->base + f->size - size;
   int carved = carve(r, f, *base, size); /* from the top: no new record, so it cannot fail */
