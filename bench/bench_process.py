@@ -39,10 +39,11 @@ With --repeat N every catalog runs N rounds, each mode in a process of its own p
 modes' order reversed in every other round (so no mode is always first): a mode's warmup is
 its fastest round and its peak its highest, and the table lists every round's time, the
 median's ratio to native's median and the paired ratio: the median over rounds of the mode's
-time over native's in the same round (a slow stretch of the machine weighs on both), also per
-phase of a step. The JSON keeps every round's time, phases and driver calls. The first timed
-run of a call is the slowest (the device and the host warm up), so a call begins with one
-untimed native run of the first catalog (--no-burn-in leaves it out).
+time over native's in the same round (a slow stretch of the machine weighs on both), with the
+range of the rounds' ratios, also per phase of a step. The JSON keeps every round's time,
+phases and driver calls. The first timed run of a call is the slowest (the device and the host
+warm up), so a call begins with one untimed native run of the first catalog (--no-burn-in
+leaves it out).
 
 A mode may carry settings of its own: `process:VMMARENA_HANDLE_BOUND=64M` is process with that
 variable set (several: `process:A=1:B=2`; `{catalog}` in a value becomes the catalog's name), so
@@ -283,14 +284,29 @@ def merge_round(by_mode, r):
             old[key] = max(old[key], r[key])
 
 
-def paired(r, native, key=lambda x: x["warmup_s"]):
-    """The median over rounds of this mode's time over native's in the same round (rounds run
-    side by side, so a slow stretch of the machine weighs on both), or None."""
+def round_ratios(r, native, key=lambda x: x["warmup_s"]):
+    """This mode's time over native's in the same round, for every round both ran (rounds run
+    side by side, so a slow stretch of the machine weighs on both)."""
     if not native or "by_round" not in r or "by_round" not in native:
-        return None
-    got = [key(x) / key(native["by_round"][k]) for k, x in r["by_round"].items()
-           if k in native["by_round"] and key(native["by_round"][k])]
+        return []
+    return [key(x) / key(native["by_round"][k]) for k, x in r["by_round"].items()
+            if k in native["by_round"] and key(native["by_round"][k])]
+
+
+def paired(r, native, key=lambda x: x["warmup_s"]):
+    """The median of round_ratios, or None."""
+    got = round_ratios(r, native, key)
     return statistics.median(got) if got else None
+
+
+def paired_text(r, native):
+    """The paired ratio and, over several rounds, the range of the rounds' ratios: a range
+    across 1.00x says the rounds' spread is larger than the difference."""
+    got = round_ratios(r, native)
+    if not got:
+        return "-"
+    spread = f" ({min(got):.2f}-{max(got):.2f})" if min(got) < max(got) else """
+    return f"{statistics.median(got):.2f}x{spread}"
 
 
 def attach_logit_diffs(jobs, results):
@@ -327,7 +343,7 @@ def report_catalog(name, modes):
               f"{ratio(r['peak_bytes'], expandable and expandable['peak_bytes'])} | {r['warmup_s']:.2f} s | "
               f"{ratio(r['warmup_s'], native and native['warmup_s'])} | "
               f"{ratio(median, native and native.get('warmup_median_s', native['warmup_s']))} | "
-              f"{ratio(paired(r, native), 1)} | {rounds} | "
+              f"{paired_text(r, native)} | {rounds} | "
               f"{r.get('max_abs_diff_vs_native', float('nan')):.3g} |")
     phases = [p for p in torch_workload.PHASES if any(p in x["phase_s"] for r in modes.values()
                                                        for x in r.get("by_round", {}).values())]
@@ -351,9 +367,10 @@ def report_catalog(name, modes):
         print(f"{'PASS' if c['ratio'] <= TARGET else 'MISS'} {name} {mode}: peak {c['ratio']:.3f}x the live bytes "
               f"<= {TARGET}x (goal {GOAL}x: {'met' if c['ratio'] <= GOAL else 'not met'})")
         print(f"{'PASS' if c['below_expandable'] else 'MISS'} {name} {mode}: peak below expandable")
-        paired_text = "" if c["paired_vs_native"] is None else f", paired with native's rounds {c['paired_vs_native']:.2f}x"
+        c["round_ratios"] = round_ratios(r, native)
+        pairing = "" if c["paired_vs_native"] is None else f", paired with native's rounds {paired_text(r, native)}"
         print(f"{'PASS' if c['time_le_native'] else 'MISS'} {name} {mode}: warmup no slower than native "
-              f"(fastest {r['warmup_s']:.2f} s{paired_text})")
+              f"(fastest {r['warmup_s']:.2f} s{pairing})")
     return checks
 
 

@@ -5,7 +5,7 @@
  * each one's contents (a pattern written at its allocation, through the fake driver) are
  * intact, the usage figures equal the model's, and every few steps the invariant checker
  * passes. At the end everything is freed, empty_cache leaves nothing held, and the ledger is
- * clean. VMMARENA_RANDOM_PROCESS_OPS overrides the step count. */
+ * clean. VMMARENA_RANDOM_PROCESS_OPS overrides the step count, VMMARENA_SEED the seed. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +15,7 @@
 
 #define MAX_LIVE 256
 #define STEPS 10000
+#define DEFAULT_SEED 0x9e3779b97f4a7c15ull
 
 typedef struct live {
   CUdeviceptr at;
@@ -172,9 +173,12 @@ static void run_model(double refill, int background, int grow) {
   c.refill_share = refill;
   c.unmap_in_background = background;
   c.grow_in_place = grow;
-  model m = {.a = tu_arena(NULL, &c), .rng = 0x9e3779b97f4a7c15ull};
+  const char *seed = getenv("VMMARENA_SEED");
+  model m = {.a = tu_arena(NULL, &c), .rng = seed ? strtoull(seed, NULL, 0) : DEFAULT_SEED};
   const char *env = getenv("VMMARENA_RANDOM_PROCESS_OPS");
   size_t steps = env ? strtoul(env, NULL, 10) : STEPS;
+  if (!m.rng) fail_msg("VMMARENA_SEED=%s: the generator needs a non-zero seed", seed);
+  printf("whole-process model: %zu steps, VMMARENA_SEED=%llu\n", steps, (unsigned long long)m.rng);
   for (m.step = 0; m.step < steps; m.step++) {
     uint32_t r = next(&m) % 16;
     if (r < 7) op_alloc(&m);
