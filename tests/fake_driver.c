@@ -268,8 +268,11 @@ typedef struct handle {
   int device;
   int released;
   size_t mappings;
-  unsigned char *data; /* contents, allocated on the first write; NULL reads as zeros */
+  unsigned char **chunks; /* contents in FAKE_CHUNK pieces, each allocated on its first write
+                             of a non-zero byte; a NULL piece (or list) reads as zeros */
 } handle;
+
+#define FAKE_CHUNK ((size_t)64 << 10)
 
 typedef struct mapping {
   avl node; /* key = base */
@@ -442,8 +445,32 @@ static uintptr_t prop_device(const CUmemAllocationProp *prop) { return prop ? (u
 
 static void free_handle(handle *h) {
   fk.physical_used[h->device] -= h->size;
-  free(h->data);
+  if (h->chunks)
+    for (size_t i = 0; i < (h->size + FAKE_CHUNK - 1) / FAKE_CHUNK; i++) free(h->chunks[i]);
+  free(h->chunks);
   free(h);
+}
+
+/* Copies [off, off+len) of h's contents to or from host memory, piece by piece; zeros written
+ * where nothing was written read as zeros still, with no memory behind them. */
+static void copy_handle(handle *h, size_t off, unsigned char *at, size_t len, int to_device) {
+  while (len) {
+    size_t i = off / FAKE_CHUNK, in = off % FAKE_CHUNK, k = FAKE_CHUNK - in < len ? FAKE_CHUNK - in : len;
+    unsigned char *chunk = h->chunks ? h->chunks[i] : NULL;
+    if (to_device) {
+      static const unsigned char zeros[FAKE_CHUNK];
+      if (chunk || memcmp(at, zeros, k)) {
+        if (!h->chunks) h->chunks = xcalloc((h->size + FAKE_CHUNK - 1) / FAKE_CHUNK, sizeof *h->chunks);
+        if (!chunk) chunk = h->chunks[i] = xcalloc(1, FAKE_CHUNK);
+        memcpy(chunk + in, at, k);
+      }
+    } else if (chunk) {
+      memcpy(at, chunk + in, k);
+    } else {
+      memset(at, 0, k);
+    }
+    at += k, off += k, len -= k;
+  }
 }
 
 static mapping *find_mapping(CUdeviceptr base) { return (mapping *)avl_find(fk.mappings, base); }
@@ -490,20 +517,7 @@ static CUresult copy_mapped(CUdeviceptr ptr, void *host, size_t n, int to_device
     if (!m) return misuse(CUDA_ERROR_INVALID_VALUE, "copy touches unmapped 0x%llx", (unsigned long long)ptr);
     if (!m->access) return misuse(CUDA_ERROR_INVALID_VALUE, "copy touches 0x%llx with no access granted", (unsigned long long)ptr);
     size_t off = (size_t)(ptr - m->node.key), len = m->size - off < n ? m->size - off : n;
-    handle *h = m->handle;
-    if (to_device) {
-      size_t nonzero = 0;
-      while (!h->data && nonzero < len && !at[nonzero]) nonzero++;
-      if (!h->data && nonzero == len) { /* zeros over zeros: keep reading as zeros */
-      } else {
-        if (!h->data) h->data = xcalloc(1, h->size);
-        memcpy(h->data + off, at, len);
-      }
-    } else if (h->data) {
-      memcpy(at, h->data + off, len);
-    } else {
-      memset(at, 0, len);
-    }
+    copy_handle(m->handle, off, at, len, to_device);
     at += len, ptr += len, n -= len;
   }
   return CUDA_SUCCESS;

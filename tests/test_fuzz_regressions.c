@@ -8,11 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "harness.h"
 #include "test_util.h"
-
-/* The test glob builds one source per test, so the harnesses are compiled in here. */
-#include "fuzz/harness_ops.c"
-#include "fuzz/harness_text.c"
 
 static const char *fuzz_dir(void) {
   static char dir[4096];
@@ -79,6 +76,11 @@ static void fuzz_ops_inputs(void **state) {
   replay_all("fuzz_ops", fuzz_ops_run);
 }
 
+static void fuzz_process_inputs(void **state) {
+  (void)state;
+  replay_all("fuzz_process", fuzz_process_run);
+}
+
 static void fuzz_config_inputs(void **state) {
   (void)state;
   replay_all("fuzz_config", fuzz_config_run);
@@ -92,6 +94,7 @@ static void fuzz_trace_line_inputs(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(fuzz_ops_inputs),
+      cmocka_unit_test(fuzz_process_inputs),
       cmocka_unit_test(fuzz_config_inputs),
       cmocka_unit_test(fuzz_trace_line_inputs),
   };

@@ -193,7 +193,8 @@ static void run_model(double refill, int background, int grow) {
          refill, grow ? "on" : "off", (unsigned long long)s.prefix_hits, (unsigned long long)s.revived_ranges,
          (unsigned long long)s.revived_runs, (unsigned long long)s.pooled_taken_apart_early,
          (unsigned long long)s.refills, (unsigned long long)s.grown_in_place);
-  if (steps >= STEPS) assert_true(s.prefix_hits > 0 && s.revived_ranges > 0 && s.revived_runs > 0); /* every path */
+  /* the default run takes every path (another seed may miss a rare one: they are its figures) */
+  if (steps >= STEPS && !seed) assert_true(s.prefix_hits > 0 && s.revived_ranges > 0 && s.revived_runs > 0);
   if (steps >= STEPS) assert_true(grow ? s.grown_in_place > 0 : s.grown_in_place == 0);
   if (steps >= STEPS) assert_true(refill > 0.0 ? s.refills > 0 : s.refills == 0);
   if (steps >= STEPS) assert_true(background ? s.unmapped_in_background > 0 : s.unmapped_in_background == 0);

@@ -10,6 +10,8 @@
 
 /* Bytes drive public API calls on one arena over the fake driver (harness_ops.c). */
 void fuzz_ops_run(const uint8_t *data, size_t size);
+/* Bytes drive whole-process mode's calls on one arena over the fake driver (harness_process.c). */
+void fuzz_process_run(const uint8_t *data, size_t size);
 /* Bytes split at the first '=' into a setting name and value (harness_text.c). */
 void fuzz_config_run(const uint8_t *data, size_t size);
 /* Bytes as a trace line, and as the fields of a trace record (harness_text.c). */

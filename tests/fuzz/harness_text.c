@@ -10,6 +10,7 @@
  * fuzz_trace_line: the input is parsed as a trace line; a record that parses is formatted
  * and parsed again and must come back equal, byte for byte once formatted. The input's
  * bytes also build a record (fields and tag), which must survive format-then-parse. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
