@@ -366,7 +366,8 @@ typedef struct assembly {
   vmm_assembly_mode mode;
   vmm_mapping *into, *m; /* into: a paused allocation mapped back; m: the mapping built */
   plan p;
-  vmm_handle **slots;    /* idle handles, then n_new new ones: the handles of the mapping */
+  vmm_handle **created;  /* the n_new new handles; on failure, these are released */
+  vmm_handle **slots;    /* the handles of the mapping, in the order they are mapped */
   uint32_t n_new;
   size_t extent;
   size_t first_stuck;    /* stuck pieces from here on are the failed map's own */
@@ -436,19 +437,20 @@ static vmm_status admit_step(vmm_arena *a, assembly *x) {
 
 static void records_step_undo(vmm_arena *a, assembly *x);
 
-/* The record, its table slot and the handle objects of the new memory (cut to the bound). */
+/* The record, its table slot, the handle list and the handle objects of the new memory (cut to
+ * the bound). */
 static vmm_status records_step(vmm_arena *a, assembly *x) {
   size_t bound = x->mode == VMM_ASSEMBLE_NEW ? SIZE_MAX : vmm_handle_bound(a, x->p.fresh); /* never cut outside a scope */
   x->n_new = cut_count(x->p.fresh, bound);
-  if (!(x->slots = calloc(x->p.n_idle + x->n_new, sizeof *x->slots)) || (!x->into && !(x->m = vmm_mapping_new())) ||
+  if (!(x->slots = calloc(x->p.n_idle + x->n_new, sizeof *x->slots)) ||
+      !(x->created = calloc(x->n_new + 1, sizeof *x->created)) || (!x->into && !(x->m = vmm_mapping_new())) ||
       (!x->into && vmm_table_reserve(&a->table))) {
     records_step_undo(a, x);
     return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for a mapping record");
   }
-  vmm_handle **fresh = x->slots + x->p.n_idle;
   size_t rest = x->p.fresh;
-  for (uint32_t i = 0; i < x->n_new; rest -= fresh[i]->size, i++)
-    if (!(fresh[i] = vmm_handle_new(cut(rest, bound), x->req->kind))) {
+  for (uint32_t i = 0; i < x->n_new; rest -= x->created[i]->size, i++)
+    if (!(x->created[i] = vmm_handle_new(cut(rest, bound), x->req->kind))) {
       records_step_undo(a, x);
       return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for %u handle records", x->n_new);
     }
@@ -459,8 +461,8 @@ static vmm_status records_step(vmm_arena *a, assembly *x) {
 
 static void records_step_undo(vmm_arena *a, assembly *x) {
   (void)a;
-  if (x->slots)
-    for (uint32_t i = 0; i < x->n_new; i++) free(x->slots[x->p.n_idle + i]);
+  if (x->created)
+    for (uint32_t i = 0; i < x->n_new; i++) free(x->created[i]);
   free(x->slots);
   x->slots = NULL;
   if (!x->into) vmm_mapping_free(x->m);
@@ -492,10 +494,10 @@ static void range_step_undo(vmm_arena *a, assembly *x) {
 }
 
 static vmm_status create_step(vmm_arena *a, assembly *x) {
-  return create_handles(a, x->req, x->slots + x->p.n_idle, x->n_new, x->p.fresh);
+  return create_handles(a, x->req, x->created, x->n_new, x->p.fresh);
 }
 
-static void create_step_undo(vmm_arena *a, assembly *x) { release_created(a, x->slots + x->p.n_idle, x->n_new); }
+static void create_step_undo(vmm_arena *a, assembly *x) { release_created(a, x->created, x->n_new); }
 
 static vmm_status apart_step(vmm_arena *a, assembly *x) { return unmap_apart(a, &x->p); }
 
@@ -528,11 +530,13 @@ static uint32_t order_around_growth(assembly *x, uint32_t n) {
 }
 
 /* Maps the handles back to back in the new range and gives it access; for a growth, only the
- * others, in the VA beside the grown mapping. */
+ * others, in the VA beside the grown mapping. The mapping's handle list is put in order here:
+ * idle handles, then the new ones, the grown mapping's moved to its side. */
 static vmm_status map_step(vmm_arena *a, assembly *x) {
   const vmm_mapping *g = x->p.grow;
   uint32_t n = x->p.n_idle + x->n_new, from = 0;
   if (x->p.n_idle) memcpy(x->slots, x->p.use, x->p.n_idle * sizeof *x->p.use);
+  if (x->n_new) memcpy(x->slots + x->p.n_idle, x->created, x->n_new * sizeof *x->created);
   if (g) from = order_around_growth(x, n);
   CUdeviceptr at = g ? x->p.beside : (x->into ? x->into : x->m)->base;
   uint32_t count = g ? n - g->handle_count : n;
@@ -601,5 +605,6 @@ vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode 
   vmm_unmapper_mapping(a, -1);
   free(x.p.use);
   free(x.p.apart);
+  free(x.created);
   return st;
 }

@@ -522,9 +522,10 @@ static inline bool vmm_retaining(const vmm_arena *a) { return a->scope == VMM_SC
 /* Whether a free keeps its memory: inside a retaining scope, and always in whole-process mode. */
 static inline bool vmm_caching(const vmm_arena *a) { return a->cfg.caching || vmm_retaining(a); }
 /* Whether freed memory of `kind` is pooled still mapped where frees keep their memory: transient
- * always; package only outside a retaining scope (inside one it becomes idle handles). */
+ * always; package outside a retaining scope, and in whole-process mode inside one too (a free
+ * there never waits for its stream: it may be capturing); otherwise it becomes idle handles. */
 static inline bool vmm_frees_to_pool(const vmm_arena *a, vmm_kind kind) {
-  return kind == VMM_KIND_TRANSIENT || !vmm_retaining(a);
+  return kind == VMM_KIND_TRANSIENT || !vmm_retaining(a) || a->cfg.caching;
 }
 /* Whole-process mode: cached memory up to 1/32 of a request larger than it serves it, where a
  * driver call would be made otherwise (an assembly's last handle; outside a retaining scope, a

@@ -710,6 +710,59 @@ static void a_pooled_mapping_grows_down_or_not_at_all(void **state) {
   tu_destroy(a);
 }
 
+/* A growth that fails at its Nth creation, mapping or access (upwards, and downwards where the
+ * rest goes before the kept mapping) leaves the arena as it was: the pooled mapping mapped
+ * where it was with its contents, nothing more held, nothing left mapped or created; then the
+ * same request grows it. */
+static void a_failed_growth_leaves_the_arena_as_it_was(void **state) {
+  (void)state;
+  static const vmm_driver_entry entries[] = {VMM_DRV_mem_create, VMM_DRV_mem_map, VMM_DRV_mem_set_access};
+  for (int down = 0; down < 2; down++)
+    for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++)
+      for (unsigned nth = 1;; nth++) {
+        vmm_arena *a = growing_arena(down ? 16 * MiB : 64 * GiB); /* 16 MiB: ranges from the top, no room above */
+        void *x = alloc_in(a, 8 * MiB, T, S1, 0);
+        void *w = alloc_in(a, 2 * MiB, T, S1, 0); /* the rest: one idle handle and one new */
+        assert_int_equal(fake_write(dp(x), "x", 2), 0);
+        tu_free(a, x, S1);
+        tu_free(a, w, S1);
+        assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+        fake_ledger before, after;
+        fake_get_ledger(&before);
+        fake_fail_nth(entries[e], nth, CUDA_ERROR_UNKNOWN, 0);
+        void *y = NULL;
+        vmm_status st = vmm_arena_alloc_in(a, 12 * MiB, T, S1, 0, &y);
+        unsigned fired = fake_faults_fired();
+        fake_clear_faults();
+        if (!fired) { /* every such call of the growth has failed once */
+          assert_int_equal(st, VMM_OK);
+          assert_int_equal(snap(a).grown_in_place, 1);
+          assert_ptr_equal(y, down ? (char *)x - 4 * MiB : x);
+          tu_free(a, y, S1);
+          tu_destroy(a);
+          break;
+        }
+        assert_int_equal(st, VMM_ERR_DRIVER);
+        assert_null(y);
+        fake_get_ledger(&after);
+        assert_int_equal(after.live_handles, before.live_handles);
+        assert_int_equal(after.live_handle_bytes, before.live_handle_bytes);
+        assert_int_equal(after.mapped_bytes, before.mapped_bytes);
+        assert_int_equal(after.errors, 0);
+        assert_int_equal(usage(a).reserved_bytes, 10 * MiB);
+        char got[2];
+        assert_int_equal(fake_read(dp(x), got, 2), 0);
+        assert_string_equal(got, "x");
+        tu_check(a);
+        assert_int_equal(vmm_arena_alloc_in(a, 12 * MiB, T, S1, 0, &y), VMM_OK);
+        assert_int_equal(fake_read(dp(x), got, 2), 0);
+        assert_string_equal(got, "x");
+        tu_free(a, y, S1);
+        vmm_arena_destroy(a); /* a failed call's error stays the arena's first */
+        assert_true(fake_ledger_clean());
+      }
+}
+
 /* In a capture, a graph's request grows a pooled mapping of its own pool in place: the graph's
  * replays keep using the kept part's address, which stays mapped, and nothing of the graph's
  * memory reaches the shared cache. An eager request never grows the graph's mapping. After
@@ -1523,6 +1576,45 @@ static void empty_cache_releases_outside_a_scope_only(void **state) {
   tu_destroy(a);
 }
 
+/* Inside a retaining scope a package free is cached as outside one, with no host wait: not on
+ * a stream that captures (into its graph's pool, or deferred for the shared pool: a wait would
+ * invalidate the capture), nor on one that does not. Nothing is released before finish; a
+ * package request of the same size is then a hit. */
+static void a_package_free_in_a_scope_never_waits_for_its_stream(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_ON);
+  assert_int_equal(vmm_retention_begin(a), VMM_OK);
+  void *eager = alloc_in(a, 4 * MiB, P, S2, 0);
+  assert_int_equal(vmm_arena_capture_begin(a, 7), VMM_OK);
+  fake_set_capturing(S1, 1);
+  void *graph = alloc_in(a, 6 * MiB, P, S1, 7), *shared = alloc_in(a, 8 * MiB, P, S1, 0);
+  size_t from = fake_call_count();
+  tu_free(a, graph, S1);  /* its graph's pool: cached there */
+  tu_free(a, shared, S1); /* the shared pool, on the capturing stream: deferred to the capture's end */
+  tu_free(a, eager, S2);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_stream_synchronize), 0);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_ctx_synchronize), 0);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_unmap), 0);
+  fake_ledger l;
+  fake_get_ledger(&l);
+  assert_int_equal(l.errors, 0); /* nothing unsafe during the capture */
+  void *again = alloc_in(a, 6 * MiB, P, S1, 7);
+  assert_ptr_equal(again, graph); /* a hit in the graph's pool */
+  tu_free(a, again, S1);
+  fake_set_capturing(S1, 0);
+  assert_int_equal(vmm_arena_capture_end(a, 7), VMM_OK);
+  from = fake_call_count();
+  void *hit = alloc_in(a, 4 * MiB, P, S2, 0);
+  assert_ptr_equal(hit, eager);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_map), 0);
+  tu_free(a, hit, S2);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_release), 0); /* the scope keeps everything */
+  assert_int_equal(vmm_arena_release_pool(a, 7), VMM_OK);
+  assert_int_equal(vmm_retention_finish(a), VMM_OK);
+  assert_int_equal(usage(a).reserved_bytes, 0);
+  tu_destroy(a);
+}
+
 /* New memory refused (the limit): the cache goes back to the driver and the request is made. */
 static void refused_memory_releases_the_cache(void **state) {
   (void)state;
@@ -1758,6 +1850,7 @@ int main(void) {
       cmocka_unit_test(a_run_of_a_retired_range_serves_in_place),
       cmocka_unit_test(a_pooled_mapping_grows_in_place),
       cmocka_unit_test(a_pooled_mapping_grows_down_or_not_at_all),
+      cmocka_unit_test(a_failed_growth_leaves_the_arena_as_it_was),
       cmocka_unit_test(a_graph_grows_its_own_memory_in_place),
       cmocka_unit_test(growth_off_assembles_in_a_fresh_range),
       cmocka_unit_test(early_take_apart_orders_the_stream_and_never_in_a_capture),
@@ -1781,6 +1874,7 @@ int main(void) {
       cmocka_unit_test(the_thread_leaves_a_quiet_time_after_mapping),
       cmocka_unit_test(empty_cache_waits_for_the_unmapper), cmocka_unit_test(a_failed_background_unmap_keeps_its_range),
       cmocka_unit_test(empty_cache_releases_outside_a_scope_only),
+      cmocka_unit_test(a_package_free_in_a_scope_never_waits_for_its_stream),
       cmocka_unit_test(refused_memory_releases_the_cache),
       cmocka_unit_test(usage_and_peaks),
       cmocka_unit_test(countdown_over_whole_process_paths),
