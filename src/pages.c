@@ -121,8 +121,16 @@ static void release_slot(vmm_arena *a, vmm_page *pg, uint32_t slot) {
   count_slot(a, pg, -1);
 }
 
-/* Gives back the waiting slots whose other stream has an event the page's stream can wait
- * for; none while the page's stream captures (its graph would wait on outside work). */
+/* Whether a slot still waits for another stream (record_stream may have added several). */
+static bool still_waits(const vmm_page_set *s, const vmm_page *pg, uint32_t slot) {
+  for (const vmm_slot_wait *w = s->waits; w; w = w->next)
+    if (w->page == pg && w->slot == slot) return true;
+  return false;
+}
+
+/* Gives back the waiting slots once the page's stream waits for an event of every other
+ * stream that used them; none while the page's stream captures (its graph would wait on
+ * outside work). */
 static void release_waits(vmm_arena *a, vmm_page_set *s) {
   if (vmm_stream_capturing(a, s->key.stream)) return;
   for (vmm_slot_wait **link = &s->waits; *link;) {
@@ -137,7 +145,7 @@ static void release_waits(vmm_arena *a, vmm_page_set *s) {
       continue;
     }
     *link = w->next;
-    release_slot(a, w->page, w->slot);
+    if (!still_waits(s, w->page, w->slot)) release_slot(a, w->page, w->slot);
     vmm_event_put(a, w->event);
     free(w);
   }
@@ -295,6 +303,11 @@ int vmm_pages_check(const vmm_arena *a, const vmm_mapping *m, uint64_t *slot_byt
     return snprintf(why, cap, "page 0x%llx counts %u of %u slots used, holds %u", (unsigned long long)m->base, pg->used,
                     pg->slots, used),
            -1;
+  for (const vmm_slot_wait *w = pg->set->waits; w; w = w->next)
+    if (w->page == pg && !taken(pg, w->slot))
+      return snprintf(why, cap, "page 0x%llx: slot %u waits for stream %p but is free", (unsigned long long)m->base,
+                      w->slot, (void *)w->stream),
+             -1;
   *slot_bytes += (uint64_t)used * pg->set->key.slot_size;
   return 0;
 }

@@ -11,6 +11,7 @@
 
 #define S1 TU_STREAM(1)
 #define S2 TU_STREAM(2)
+#define S3 TU_STREAM(3)
 #define T VMM_KIND_TRANSIENT
 #define P VMM_KIND_PACKAGE
 
@@ -1081,6 +1082,34 @@ static void record_stream_orders_reuse_of_a_slot(void **state) {
   tu_destroy(a);
 }
 
+/* A slot that two other streams used is given back only once the page's stream is ordered
+ * after both: while one of them captures (no event can be recorded on it), the slot stays
+ * taken, even though the other's event has been waited for. */
+static void a_slot_used_by_two_streams_waits_for_both(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  char *x = alloc_in(a, 512, T, S1, 0);
+  char *keep = alloc_in(a, 512, T, S1, 0);
+  assert_int_equal(vmm_arena_record_stream(a, x, S2), VMM_OK);
+  assert_int_equal(vmm_arena_record_stream(a, x, S3), VMM_OK);
+  fake_set_capturing(S3, 1);
+  tu_free(a, x, S1);
+  char *y = alloc_in(a, 512, T, S1, 0); /* S2's event waited for; S3's not recorded yet */
+  assert_true(y != x);
+  assert_int_equal(usage(a).page_slots_used, 3);
+  tu_check(a);
+  fake_set_capturing(S3, 0);
+  char *z = alloc_in(a, 512, T, S1, 0); /* now ordered after S3 too */
+  assert_ptr_equal(z, x);
+  assert_int_equal(usage(a).page_slots_used, 3);
+  tu_free(a, z, S1);
+  tu_free(a, y, S1);
+  tu_free(a, keep, S1);
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
+  assert_int_equal(usage(a).pages, 0);
+  tu_destroy(a);
+}
+
 /* ---- Graph pools and captures --------------------------------------------------------- */
 
 static void a_pool_keeps_its_memory(void **state) {
@@ -1861,6 +1890,7 @@ int main(void) {
       cmocka_unit_test(refill_counts_the_request_as_live),
       cmocka_unit_test(record_stream_orders_reuse_of_a_mapping),
       cmocka_unit_test(record_stream_orders_reuse_of_a_slot),
+      cmocka_unit_test(a_slot_used_by_two_streams_waits_for_both),
       cmocka_unit_test(a_pool_keeps_its_memory),
       cmocka_unit_test(a_graph_pool_is_never_taken_apart),
       cmocka_unit_test(a_live_graph_keeps_its_memory_through_empty_cache),

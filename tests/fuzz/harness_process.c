@@ -121,8 +121,8 @@ static size_t process_size(const process_model *m, fuzz_reader *r) {
   if (s < 96) return 1 + ((size_t)s * 257u + t) % (g / 2); /* page slots */
   if (s < 160) return (size_t)(s - 95) * (g / 16) + t + 1;  /* up to 4 granules, ragged */
   if (s < 224) return (size_t)(s - 159) * g / 2;            /* whole and half granules, up to 32 */
-  return (size_t)(s - 223) * 2 * g;                         /* large: up to 64 granules (the fake
-                                                               backs a handle written to) */
+  return (size_t)(s - 223) * 2 * g;                         /* large: up to 64 granules (a pause
+                                                               copies the whole of one) */
 }
 
 static void op_alloc(process_model *m, fuzz_reader *r) {
