@@ -105,10 +105,7 @@ vmm_status vmm_arena_alloc(vmm_arena *a, size_t bytes, vmm_kind kind, CUstream s
 static vmm_status free_slot(vmm_arena *a, vmm_page *pg, uint32_t slot) {
   vmm_mapping *m = pg->m;
   if (!vmm_pages_give_back(a, pg, slot) || (m->state != VMM_MAP_LIVE && m->state != VMM_MAP_PAUSED)) return VMM_OK;
-  vmm_pages_uncarve(a, m);
-  bool freed;
-  vmm_status st = vmm_free_mapping(a, m, pg->set->key.stream, &freed);
-  return freed ? VMM_OK : st; /* a page that could not be freed stays a plain live mapping of the arena */
+  return vmm_free_page(a, m);
 }
 
 vmm_status vmm_arena_free(vmm_arena *a, void *ptr, CUstream stream) {

@@ -209,21 +209,31 @@ vmm_status vmm_alloc_mapping(vmm_arena *a, const vmm_request *req, vmm_mapping *
 
 /* ---- Releasing the cache ---------------------------------------------------------- */
 
-/* Empty pages (their last slot given back after a wait) back to the pool as whole mappings. */
-static void free_empty_pages(vmm_arena *a) {
+vmm_status vmm_free_page(vmm_arena *a, vmm_mapping *m) {
+  vmm_page_key key = m->page->set->key;
+  bool freed;
+  vmm_pages_uncarve(a, m);
+  vmm_status st = vmm_free_mapping(a, m, key.stream, &freed);
+  if (freed) return VMM_OK;
+  vmm_status carved = vmm_pages_carve(a, m, &key); /* the record just given up is the spare one */
+  vmm_assert(carved == VMM_OK);
+  (void)carved;
+  return st;
+}
+
+/* Empty pages (their last slot given back after a wait) back to the pool as whole mappings;
+ * the first that cannot be freed stops the call. */
+static vmm_status free_empty_pages(vmm_arena *a) {
   vmm_pages_settle(a);
   vmm_mapping *m;
-  while ((m = vmm_pages_find_empty(a)) != NULL) {
-    CUstream stream = m->page->set->key.stream;
-    bool freed;
-    vmm_pages_uncarve(a, m);
-    (void)vmm_free_mapping(a, m, stream, &freed);
-  }
+  vmm_status st = VMM_OK;
+  while (st == VMM_OK && (m = vmm_pages_find_empty(a)) != NULL) st = vmm_free_page(a, m);
+  return st;
 }
 
 vmm_status vmm_cache_release(vmm_arena *a, const char *what) {
-  free_empty_pages(a);
-  return vmm_drain_all(a, what);
+  vmm_status st = free_empty_pages(a);
+  return st == VMM_OK ? vmm_drain_all(a, what) : st;
 }
 
 /* ---- Free ---------------------------------------------------------------------------- */

@@ -890,6 +890,10 @@ VMM_INTERNAL void vmm_copy_error_set(vmm_copy_error *e, CUresult r, vmm_driver_e
 VMM_INTERNAL vmm_status vmm_alloc_mapping(vmm_arena *a, const vmm_request *req, vmm_mapping **out);
 /* Frees a live or paused mapping (as vmm_arena_free says); *freed: it is no longer live. */
 VMM_INTERNAL vmm_status vmm_free_mapping(vmm_arena *a, vmm_mapping *m, CUstream stream, bool *freed);
+/* Frees the mapping of an empty page m (live or paused) on the page's stream. Where that fails
+ * (an unmap refused: the error is returned) m stays an empty page, found again by a later
+ * empty_cache, never a plain mapping that a slot's pointer could free. */
+VMM_INTERNAL vmm_status vmm_free_page(vmm_arena *a, vmm_mapping *m);
 /* The refusal of a free of p (m: the record at p, or NULL), naming what is there. */
 VMM_INTERNAL vmm_status vmm_refuse_pointer(vmm_arena *a, CUdeviceptr p, vmm_mapping *m);
 

@@ -159,6 +159,42 @@ static void bad_frees_of_slots(void **state) {
   tu_destroy(a);
 }
 
+/* The last slot of a page freed, and the page's mapping then not freed (here: paused, mapped
+ * again by a resume whose copy failed, and its unmap fails): the page stays a page, empty, so
+ * that its slots' pointers stay refused (a second free of the first slot must not free the
+ * page's mapping as an allocation of its own), and a resume and empty_cache give it back
+ * later. */
+static void a_page_whose_free_fails_stays_a_page(void **state) {
+  (void)state;
+  vmm_config c = process_config();
+  c.pause_staging = 0; /* backups copied with cuMemcpyHtoD */
+  vmm_arena *a = tu_arena(NULL, &c);
+  vmm_tag_push("t");
+  void *x = alloc_in(a, 512, T, S1, 0);
+  vmm_tag_pop();
+  assert_int_equal(dp(x) % (2 * MiB), 0); /* the first slot: the page's base */
+  assert_int_equal(vmm_arena_pause(a, "t", VMM_PAUSE_BACKUP), VMM_OK);
+  fake_fail_nth(VMM_DRV_mem_cpy_htod, 1, CUDA_ERROR_UNKNOWN, 0);
+  assert_int_equal(vmm_arena_resume(a, "t"), VMM_ERR_DRIVER); /* mapped again, the copy left to do */
+  fake_fail_nth(VMM_DRV_mem_unmap, 1, CUDA_ERROR_UNKNOWN, 0);
+  assert_int_equal(vmm_arena_free(a, x, S1), VMM_ERR_DRIVER); /* the slot is freed, its page is not */
+  assert_int_equal(fake_faults_fired(), 2);
+  vmm_usage u = usage(a);
+  assert_int_equal(u.allocations, 0);
+  assert_int_equal(u.allocated_bytes, 0);
+  assert_int_equal(u.pages, 1);
+  assert_int_equal(vmm_arena_free(a, x, S1), VMM_ERR_UNKNOWN_POINTER);
+  assert_int_equal(usage(a).allocated_bytes, 0);
+  tu_check(a);
+  assert_int_equal(vmm_arena_resume(a, "t"), VMM_OK);
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
+  u = usage(a);
+  assert_int_equal(u.pages, 0);
+  assert_int_equal(u.reserved_bytes, 0);
+  vmm_arena_destroy(a); /* the failed unmap stays the arena's first fatal error */
+  assert_true(fake_ledger_clean());
+}
+
 /* ---- The cache outside a scope -------------------------------------------------------- */
 
 static void exact_hit_outside_a_scope(void **state) {
@@ -1862,6 +1898,7 @@ int main(void) {
       cmocka_unit_test(small_requests_share_a_page),
       cmocka_unit_test(pages_are_kept_apart),
       cmocka_unit_test(bad_frees_of_slots),
+      cmocka_unit_test(a_page_whose_free_fails_stays_a_page),
       cmocka_unit_test(a_page_is_one_granule_whatever_the_reuse),
       cmocka_unit_test(exact_hit_outside_a_scope),
       cmocka_unit_test(cross_stream_hit_waits_on_an_event),
