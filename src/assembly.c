@@ -443,7 +443,8 @@ static vmm_status records_step(vmm_arena *a, assembly *x) {
   size_t bound = x->mode == VMM_ASSEMBLE_NEW ? SIZE_MAX : vmm_handle_bound(a, x->p.fresh); /* never cut outside a scope */
   x->n_new = cut_count(x->p.fresh, bound);
   if (!(x->slots = calloc(x->p.n_idle + x->n_new, sizeof *x->slots)) ||
-      !(x->created = calloc(x->n_new + 1, sizeof *x->created)) || (!x->into && !(x->m = vmm_mapping_new())) ||
+      !(x->created = calloc(x->n_new + 1, sizeof *x->created)) /* +1: no calloc of 0 */ ||
+      (!x->into && !(x->m = vmm_mapping_new())) ||
       (!x->into && vmm_table_reserve(&a->table))) {
     records_step_undo(a, x);
     return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for a mapping record");

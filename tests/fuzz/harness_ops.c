@@ -316,24 +316,17 @@ void fuzz_ops_run(const uint8_t *data, size_t size) {
   o.host_mem_available = (size_t)(1 + host) * 4 * o.granularity;
   fake_driver_reset(&o);
   m->granularity = o.granularity;
-  vmm_config cfg;
-  vmm_config_init(&cfg);
-  cfg.driver = fake_driver();
-  cfg.log_level = 0;
+  vmm_config cfg = fuzz_config();
   cfg.reuse = (vmm_reuse_policy)(flags & 3);
   cfg.reuse_bound = 1.0 + (double)(reserve >> 4) / 4.0;
   cfg.retain = (vmm_retain_mode)((flags >> 2) % 3);
   cfg.package_assembly = !((flags >> 4) & 1);
-  /* The arena's choice, or granules: one, two, a bound that rounds up to three, up to 64. */
-  static const size_t bound_granules_x2[8] = {0, 2, 4, 5, 8, 16, 32, 128};
-  cfg.handle_bound_bytes = bound_granules_x2[(headroom >> 5) & 7] * o.granularity / 2;
+  cfg.handle_bound_bytes = fuzz_handle_bound(headroom >> 5, o.granularity);
   cfg.limit_bytes = (size_t)limit * 2 * o.granularity;
   cfg.headroom_bytes = (size_t)(headroom & 15) * o.granularity;
   cfg.reserve_bytes = (size_t)(1 + (reserve & 15)) * 16 * o.granularity;
   cfg.peer_access_mask = (headroom & 0x10) ? 2 : 0;
-  vmm_status st = vmm_arena_create(&cfg, &m->r.a);
-  if (st != VMM_OK) fuzz_violation(&m->r, "create: %s: %s", vmm_status_name(st), vmm_create_error());
-  if ((flags & 0x80) && vmm_arena_trace(m->r.a, "/dev/null") != VMM_OK) fuzz_violation(&m->r, "trace to /dev/null refused");
+  fuzz_create(&m->r, &cfg, flags & 0x80);
   while (r.n) {
     m->r.op_index++;
     run_op(m, &r);

@@ -410,10 +410,7 @@ void fuzz_process_run(const uint8_t *data, size_t size) {
   fake_driver_reset(&o);
   fake_set_event_lag(lag % 8);
   m->granularity = o.granularity;
-  vmm_config cfg;
-  vmm_config_init(&cfg);
-  cfg.driver = fake_driver();
-  cfg.log_level = 0;
+  vmm_config cfg = fuzz_config();
   cfg.caching = 1;
   cfg.unmap_in_background = 0; /* one order of calls, so that an input replays the same */
   cfg.pause_staging = 0;       /* backups copied by the calling thread (no copy threads) */
@@ -423,15 +420,11 @@ void fuzz_process_run(const uint8_t *data, size_t size) {
   cfg.reuse_bound = 1.25;
   if (flags & 0x10) cfg.refill_live_share = 1.0 + (double)(refill % 8) / 8.0;
   else if (flags & 0x20) cfg.refill_share = (double)(1 + refill % 10) / 10.0;
-  /* The arena's choice, or granules: one, two, a bound that rounds up to three, up to 64. */
-  static const size_t bound_granules_x2[8] = {0, 2, 4, 5, 8, 16, 32, 128};
-  cfg.handle_bound_bytes = bound_granules_x2[bound & 7] * o.granularity / 2;
+  cfg.handle_bound_bytes = fuzz_handle_bound(bound, o.granularity);
   cfg.headroom_bytes = (size_t)((bound >> 3) & 3) * o.granularity;
   cfg.limit_bytes = (size_t)limit * 2 * o.granularity;
   cfg.reserve_bytes = (size_t)(1 + (lag >> 4)) * 64 * o.granularity;
-  vmm_status st = vmm_arena_create(&cfg, &m->r.a);
-  if (st != VMM_OK) fuzz_violation(&m->r, "create: %s: %s", vmm_status_name(st), vmm_create_error());
-  if ((flags & 0x80) && vmm_arena_trace(m->r.a, "/dev/null") != VMM_OK) fuzz_violation(&m->r, "trace to /dev/null refused");
+  fuzz_create(&m->r, &cfg, flags & 0x80);
   while (r.n) {
     m->r.op_index++;
     run_op(m, &r);

@@ -24,6 +24,25 @@ void fuzz_violation(const fuzz_rules *r, const char *fmt, ...) {
   abort();
 }
 
+vmm_config fuzz_config(void) {
+  vmm_config cfg;
+  vmm_config_init(&cfg);
+  cfg.driver = fake_driver();
+  cfg.log_level = 0;
+  return cfg;
+}
+
+size_t fuzz_handle_bound(unsigned choice, size_t granularity) {
+  static const size_t granules_x2[8] = {0, 2, 4, 5, 8, 16, 32, 128};
+  return granules_x2[choice & 7] * granularity / 2;
+}
+
+void fuzz_create(fuzz_rules *r, const vmm_config *cfg, int trace) {
+  vmm_status st = vmm_arena_create(cfg, &r->a);
+  if (st != VMM_OK) fuzz_violation(r, "create: %s: %s", vmm_status_name(st), vmm_create_error());
+  if (trace && vmm_arena_trace(r->a, "/dev/null") != VMM_OK) fuzz_violation(r, "trace to /dev/null refused");
+}
+
 static int fault_fired(void) { return fake_faults_fired() > 0; }
 
 void fuzz_expect_action(fuzz_rules *r, vmm_status st, int is_alloc, const char *what) {

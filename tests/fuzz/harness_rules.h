@@ -27,6 +27,13 @@ typedef struct fuzz_rules {
   char fatal_msg[768];
 } fuzz_rules;
 
+/* The configuration both API harnesses start from: the defaults on the fake driver, no log. */
+vmm_config fuzz_config(void);
+/* The handle bound an input's 3 bits choose: the arena's choice, or granules: one, two, a bound
+ * that rounds up to three, 4, 8, 16 or 64. */
+size_t fuzz_handle_bound(unsigned choice, size_t granularity);
+/* Creates r->a from cfg (a refusal is a violation), tracing to /dev/null when `trace`. */
+void fuzz_create(fuzz_rules *r, const vmm_config *cfg, int trace);
 /* Prints the broken rule with the arena's last error and aborts (libFuzzer saves the input). */
 void fuzz_violation(const fuzz_rules *r, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
 /* A call that touches the driver returned OK, or what a fault that fired can explain;
