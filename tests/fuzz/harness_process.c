@@ -69,7 +69,7 @@ static void process_pattern(const process_alloc *x, unsigned char *buf, size_t n
 
 /* 64 bytes at each end (at the start only, when they would overlap). */
 static void write_ends(process_model *m, const process_alloc *x) {
-  unsigned char buf[64];
+  unsigned char buf[64] = {0};
   size_t n = x->bytes < 64 ? x->bytes : 64;
   process_pattern(x, buf, n);
   if (fake_write(x->at, buf, n) || (x->bytes >= 2 * n && fake_write(x->at + x->bytes - n, buf, n)))
@@ -82,7 +82,7 @@ static int contents_known(const process_model *m, const process_alloc *x) {
 
 static void check_ends(process_model *m, const process_alloc *x) {
   if (!contents_known(m, x)) return;
-  unsigned char want[64], got[64];
+  unsigned char want[64] = {0}, got[64] = {0};
   size_t n = x->bytes < 64 ? x->bytes : 64;
   process_pattern(x, want, n);
   int bad = fake_read(x->at, got, n) || memcmp(got, want, n);
