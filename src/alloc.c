@@ -1,8 +1,6 @@
 /* Allocate and free: the public entry points. The arguments are checked, the operation traced
  * and counted; a request below half the granularity is a slot of a page in whole-process mode
  * (pages.c), any other a whole mapping (arena.c). */
-#include <string.h>
-
 #include "internal.h"
 
 #define VMM_MAX_ALLOC ((size_t)1 << 47) /* 128 TiB: more than any device's VA space */
@@ -30,14 +28,7 @@ static vmm_status alloc_slot(vmm_arena *a, const vmm_request *req, CUdeviceptr *
   page.exact = true;
   vmm_mapping *m;
   if ((st = vmm_alloc_mapping(a, &page, &m)) != VMM_OK) return st;
-  if ((st = vmm_pages_carve(a, m, &k)) != VMM_OK) {
-    char cause[sizeof a->last_error];
-    bool freed;
-    memcpy(cause, a->last_error, sizeof cause);
-    (void)vmm_free_mapping(a, m, req->stream, &freed);
-    memcpy(a->last_error, cause, sizeof cause);
-    return st;
-  }
+  vmm_pages_carve(a, m, &k);
   return vmm_pages_take(a, &k, out);
 }
 

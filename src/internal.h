@@ -642,13 +642,13 @@ VMM_INTERNAL CUresult vmm_host_memory_available(size_t *bytes);
  * up to 4 KiB, four steps per doubling up to 64 KiB, then the most slots that fit a page. */
 VMM_INTERNAL size_t vmm_page_slot_size(size_t granularity, size_t bytes);
 /* A free slot of a page of `k`: *out its address. VMM_STATUS_COUNT when no page of `k` has one
- * (the caller carves one); VMM_ERR_OUT_OF_MEMORY (recorded) when the host has no memory for
- * the set. Slots that waited for other streams are given back first (the page's stream waits
+ * (the caller carves one: the set and a record for it are ready); VMM_ERR_OUT_OF_MEMORY
+ * (recorded) when the host has no memory for them. Slots that waited for other streams are given back first (the page's stream waits
  * for their events). */
 VMM_INTERNAL vmm_status vmm_pages_take(vmm_arena *a, const vmm_page_key *k, CUdeviceptr *out);
-/* Cuts live mapping m (one granule) into slots of k->slot_size for `k`; VMM_ERR_OUT_OF_MEMORY
- * (recorded, m unchanged) when the host has no memory for the record. */
-VMM_INTERNAL vmm_status vmm_pages_carve(vmm_arena *a, vmm_mapping *m, const vmm_page_key *k);
+/* Cuts live mapping m (one granule) into slots of k->slot_size for `k`, with the record that
+ * vmm_pages_take readied (or vmm_pages_uncarve left): it cannot fail. */
+VMM_INTERNAL void vmm_pages_carve(vmm_arena *a, vmm_mapping *m, const vmm_page_key *k);
 /* The page and slot of a taken slot starting at ptr, or NULL. */
 VMM_INTERNAL vmm_page *vmm_pages_slot_of(const vmm_arena *a, CUdeviceptr ptr, uint32_t *slot);
 /* Frees a slot: at once, or, where other streams were added to it, once the page's stream

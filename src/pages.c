@@ -151,13 +151,26 @@ static void release_waits(vmm_arena *a, vmm_page_set *s) {
   }
 }
 
+static size_t record_words(const vmm_arena *a) { return (a->granularity / SLOT_MIN + 63) / 64; }
+
+/* A spare page record, so that the carving of a new page cannot fail after its mapping is
+ * made; VMM_STATUS_COUNT when there is one, else VMM_ERR_OUT_OF_MEMORY (recorded). */
+static vmm_status reserve_record(vmm_arena *a) {
+  if (a->pages.spare) return VMM_STATUS_COUNT;
+  vmm_page *pg = malloc(sizeof *pg + record_words(a) * sizeof pg->bits[0]);
+  if (!pg) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for a page record");
+  pg->next = NULL;
+  a->pages.spare = pg;
+  return VMM_STATUS_COUNT;
+}
+
 vmm_status vmm_pages_take(vmm_arena *a, const vmm_page_key *k, CUdeviceptr *out) {
   vmm_page_set *s = set_of(&a->pages, k);
   if (!s) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for a page set");
   if (s->waits) release_waits(a, s);
   vmm_page *pg = s->partial;
   while (pg && pg->m->state != VMM_MAP_LIVE) pg = pg->next; /* a paused page holds no memory */
-  if (!pg) return VMM_STATUS_COUNT; /* no live page with a free slot: the caller carves one */
+  if (!pg) return reserve_record(a); /* no live page with a free slot: the caller carves one */
   uint32_t slot = take_slot(pg);
   if (pg->used == pg->slots) list_remove(s, pg);
   count_slot(a, pg, +1);
@@ -165,17 +178,12 @@ vmm_status vmm_pages_take(vmm_arena *a, const vmm_page_key *k, CUdeviceptr *out)
   return VMM_OK;
 }
 
-vmm_status vmm_pages_carve(vmm_arena *a, vmm_mapping *m, const vmm_page_key *k) {
+void vmm_pages_carve(vmm_arena *a, vmm_mapping *m, const vmm_page_key *k) {
   vmm_page_set *s = set_of(&a->pages, k);
-  size_t words = (a->granularity / SLOT_MIN + 63) / 64;
   vmm_page *pg = a->pages.spare;
-  if (pg) a->pages.spare = pg->next;
-  else pg = malloc(sizeof *pg + words * sizeof pg->bits[0]);
-  if (!s || !pg) {
-    free(pg);
-    return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for a page record");
-  }
-  memset(pg->bits, 0, words * sizeof pg->bits[0]);
+  vmm_assert(s && pg); /* made by the vmm_pages_take that found no page */
+  a->pages.spare = pg->next;
+  memset(pg->bits, 0, record_words(a) * sizeof pg->bits[0]);
   pg->m = m;
   pg->set = s;
   pg->slots = (uint32_t)(m->extent / k->slot_size);
@@ -184,7 +192,6 @@ vmm_status vmm_pages_carve(vmm_arena *a, vmm_mapping *m, const vmm_page_key *k) 
   m->page = pg;
   list_push(s, pg);
   a->pages.pages++;
-  return VMM_OK;
 }
 
 vmm_page *vmm_pages_slot_of(const vmm_arena *a, CUdeviceptr ptr, uint32_t *slot) {
