@@ -305,7 +305,7 @@ def paired_text(r, native):
     got = round_ratios(r, native)
     if not got:
         return "-"
-    spread = f" ({min(got):.2f}-{max(got):.2f})" if min(got) < max(got) else """
+    spread = f" ({min(got):.2f}-{max(got):.2f})" if min(got) < max(got) else ""
     return f"{statistics.median(got):.2f}x{spread}"
 
 

@@ -293,20 +293,20 @@ def test_empty_cache_returns_memory_to_the_driver():
 
 
 def test_empty_cache_waits_for_background_unmaps():
-    # 2 MiB pairs stitched into 4 MiB tensors retire two ranges each; past 256 kept, the oldest
-    # go to the arena's unmapper thread. The real driver frees a released handle's memory only
+    # Three 2 MiB tensors stitched into a 6 MiB one retire two ranges each (one of the three is
+    # grown in place where VMMARENA_GROW is on, the default); past 256 kept, the oldest go to the
+    # arena's unmapper thread. The real driver frees a released handle's memory only
     # once no range maps it, so empty_cache must hand back what vmmarena says it released.
     torch.cuda.empty_cache()
     torch.cuda.synchronize()
     handed = vmmarena.snapshot(DEV)["pool"].get("unmapped_in_background", 0)
     kept = []
     for _ in range(160):
-        x = torch.empty(2 * MiB, dtype=torch.uint8, device="cuda").fill_(1)
-        y = torch.empty(2 * MiB, dtype=torch.uint8, device="cuda").fill_(1)
-        del x, y
-        kept.append(torch.empty(4 * MiB, dtype=torch.uint8, device="cuda").fill_(2))
+        parts = [torch.empty(2 * MiB, dtype=torch.uint8, device="cuda").fill_(1) for _ in range(3)]
+        del parts
+        kept.append(torch.empty(6 * MiB, dtype=torch.uint8, device="cuda").fill_(2))
     torch.cuda.synchronize()
-    kept.append(torch.empty(6 * MiB, dtype=torch.uint8, device="cuda"))  # a new range: the oldest retired go
+    kept.append(torch.empty(8 * MiB, dtype=torch.uint8, device="cuda"))  # a new range: the oldest retired go
     handed = vmmarena.snapshot(DEV)["pool"].get("unmapped_in_background", 0) - handed
     check(handed > 0, "no retired range went to the unmapper thread: nothing to wait for")
     del kept
@@ -317,7 +317,7 @@ def test_empty_cache_waits_for_background_unmaps():
     gained = torch.cuda.mem_get_info(DEV)[0] - free_before
     print(f"  {handed} ranges unmapped in the background; empty_cache released {released / MiB:.0f} MiB, "
           f"the device gained {gained / MiB:.0f} MiB")
-    check(released >= 640 * MiB, f"empty_cache released only {released} bytes of the 646 MiB freed")
+    check(released >= 960 * MiB, f"empty_cache released only {released} bytes of the 968 MiB freed")
     check(gained >= released - 16 * MiB, f"vmmarena released {released} bytes, the device gained {gained}")
 
 
@@ -342,10 +342,11 @@ def test_a_freed_tensor_grows_in_place():
     y = torch.empty(96 * MiB, dtype=torch.uint8, device="cuda")
     check(vmmarena.snapshot(DEV)["pool"].get("grown_in_place", 0) == grown + 1, "the 96 MiB request grew nothing")
     check(y.data_ptr() in (base, base - 32 * MiB), f"grown at 0x{y.data_ptr():x}, the freed tensor was at 0x{base:x}")
+    # counted before the comparison below, whose result is a tensor of its own
+    new_access, new_maps = driver_calls("cuMemSetAccess") - access, driver_calls("cuMemMap") - maps
+    check(new_access == 1, f"{new_access} cuMemSetAccess calls for the new part, not one")
     kept = y[:64 * MiB] if y.data_ptr() == base else y[32 * MiB:]
     check(bool((kept == 7).all()), "the kept handles' contents changed: they were not the same memory")
-    check(driver_calls("cuMemSetAccess") == access + 1, "not one cuMemSetAccess for the new part")
-    new_maps = driver_calls("cuMemMap") - maps
     y.fill_(3)
     total = int(y.sum(dtype=torch.int64))
     print(f"  grown {'up' if y.data_ptr() == base else 'down'}: {new_maps} handle(s) mapped for 32 MiB; "
