@@ -643,8 +643,8 @@ VMM_INTERNAL CUresult vmm_host_memory_available(size_t *bytes);
 VMM_INTERNAL size_t vmm_page_slot_size(size_t granularity, size_t bytes);
 /* A free slot of a page of `k`: *out its address. VMM_STATUS_COUNT when no page of `k` has one
  * (the caller carves one: the set and a record for it are ready); VMM_ERR_OUT_OF_MEMORY
- * (recorded) when the host has no memory for them. Slots that waited for other streams are given back first (the page's stream waits
- * for their events). */
+ * (recorded) when the host has no memory for them. Slots that waited for other streams are
+ * given back first (the page's stream waits for their events). */
 VMM_INTERNAL vmm_status vmm_pages_take(vmm_arena *a, const vmm_page_key *k, CUdeviceptr *out);
 /* Cuts live mapping m (one granule) into slots of k->slot_size for `k`, with the record that
  * vmm_pages_take readied (or vmm_pages_uncarve left): it cannot fail. */
