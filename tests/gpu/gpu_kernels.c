@@ -51,7 +51,7 @@ const char *gk_error(CUresult r) {
   return "CUDA_ERROR_UNRECOGNIZED";
 }
 
-int gk_init(char *why, size_t cap) {
+int gk_load_driver(char *why, size_t cap) {
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!lib) return snprintf(why, cap, "dlopen(libcuda.so.1): %s", dlerror()), -1;
   get_proc_fn get_proc = (get_proc_fn)dlsym(lib, "cuGetProcAddress_v2");
@@ -64,9 +64,12 @@ int gk_init(char *why, size_t cap) {
       {"cuDeviceGet", (void **)&gk.device_get},
       {"cuDeviceGetAttribute", (void **)&gk.device_get_attribute},
       {"cuDevicePrimaryCtxRetain", (void **)&gk.primary_ctx_retain},
+      {"cuDevicePrimaryCtxRelease", (void **)&gk.primary_ctx_release},
       {"cuCtxSetCurrent", (void **)&gk.ctx_set_current},
       {"cuCtxSynchronize", (void **)&gk.ctx_synchronize},
       {"cuMemGetInfo", (void **)&gk.mem_get_info},
+      {"cuMemsetD8", (void **)&gk.memset_d8},
+      {"cuMemsetD8Async", (void **)&gk.memset_d8_async},
       {"cuMemcpyDtoH", (void **)&gk.memcpy_dtoh},
       {"cuMemcpyHtoD", (void **)&gk.memcpy_htod},
       {"cuMemAllocHost", (void **)&gk.mem_alloc_host},
@@ -76,6 +79,7 @@ int gk_init(char *why, size_t cap) {
       {"cuStreamQuery", (void **)&gk.stream_query},
       {"cuStreamSynchronize", (void **)&gk.stream_synchronize},
       {"cuStreamWaitEvent", (void **)&gk.stream_wait_event},
+      {"cuLaunchHostFunc", (void **)&gk.launch_host_func},
       {"cuEventCreate", (void **)&gk.event_create},
       {"cuEventRecord", (void **)&gk.event_record},
       {"cuEventQuery", (void **)&gk.event_query},
@@ -92,11 +96,16 @@ int gk_init(char *why, size_t cap) {
       {"cuGetErrorName", (void **)&gk.get_error_name},
   };
   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
-    CUdriverProcAddressQueryResult status;
-    if (get_proc(table[i].name, table[i].slot, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS ||
-        !*table[i].slot)
-      return snprintf(why, cap, "libcuda.so.1 lacks %s", table[i].name), -1;
+    CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    CUresult r = get_proc(table[i].name, table[i].slot, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &status);
+    if (r != CUDA_SUCCESS || !*table[i].slot || status != CU_GET_PROC_ADDRESS_SUCCESS)
+      return snprintf(why, cap, "libcuda.so.1 lacks %s (result %d, status %d)", table[i].name, (int)r, (int)status), -1;
   }
+  return 0;
+}
+
+int gk_init(char *why, size_t cap) {
+  if (gk_load_driver(why, cap)) return -1;
   CUdevice dev;
   CUcontext ctx;
   CUmodule mod;

@@ -1,6 +1,6 @@
 /* Helpers of the C GPU tests: the driver calls they make themselves (resolved from
- * libcuda.so.1 at run time, as the library does), three kernels loaded from PTX (fill, scale,
- * spin), and a tiny pass/fail tally. */
+ * libcuda.so.1 at run time, as the library does; test_core_gpu.c uses only these), three
+ * kernels loaded from PTX (fill, scale, spin), and a tiny pass/fail tally. */
 #ifndef VMMARENA_GPU_KERNELS_H
 #define VMMARENA_GPU_KERNELS_H
 
@@ -13,9 +13,12 @@ typedef struct gk_driver {
   CUresult (*device_get)(CUdevice *dev, int ordinal);
   CUresult (*device_get_attribute)(int *value, CUdevice_attribute attr, CUdevice dev);
   CUresult (*primary_ctx_retain)(CUcontext *ctx, CUdevice dev);
+  CUresult (*primary_ctx_release)(CUdevice dev);
   CUresult (*ctx_set_current)(CUcontext ctx);
   CUresult (*ctx_synchronize)(void);
   CUresult (*mem_get_info)(size_t *free_bytes, size_t *total_bytes);
+  CUresult (*memset_d8)(CUdeviceptr ptr, unsigned char value, size_t n);
+  CUresult (*memset_d8_async)(CUdeviceptr ptr, unsigned char value, size_t n, CUstream s);
   CUresult (*memcpy_dtoh)(void *dst, CUdeviceptr src, size_t n);
   CUresult (*memcpy_htod)(CUdeviceptr dst, const void *src, size_t n);
   CUresult (*mem_alloc_host)(void **p, size_t n);
@@ -25,6 +28,7 @@ typedef struct gk_driver {
   CUresult (*stream_query)(CUstream s);
   CUresult (*stream_synchronize)(CUstream s);
   CUresult (*stream_wait_event)(CUstream s, CUevent e, unsigned flags);
+  CUresult (*launch_host_func)(CUstream s, CUhostFn fn, void *arg);
   CUresult (*event_create)(CUevent *e, unsigned flags);
   CUresult (*event_record)(CUevent e, CUstream s);
   CUresult (*event_query)(CUevent e);
@@ -44,7 +48,9 @@ typedef struct gk_driver {
 
 extern gk_driver gk;
 
-/* Loads the driver, makes device 0's primary context current and loads the kernels. Returns
+/* Resolves gk's entry points from libcuda.so.1. Returns 0, or -1 with the reason in why. */
+int gk_load_driver(char *why, size_t cap);
+/* gk_load_driver, then makes device 0's primary context current and loads the kernels. Returns
  * 0, or -1 with the reason in why. */
 int gk_init(char *why, size_t cap);
 const char *gk_error(CUresult r);

@@ -21,9 +21,7 @@
  * VMMARENA_* variables apply (say VMMARENA_REUSE=best-fit), except VMMARENA_LIMIT, which
  * --budget sets; retention is on unless VMMARENA_RETAIN says otherwise.
  *
- * Build (the library from a CMake build in BUILD):
- *   cc -O2 -std=gnu11 -Wall -Wextra -Iinclude -I/usr/local/cuda/include tests/gpu/soak.c \
- *      BUILD/libvmmarena.a -L/usr/local/cuda/lib64/stubs -lcuda -lpthread -ldl -o BUILD/soak */
+ * Build: cmake --build BUILD --target soak (tests/gpu/CMakeLists.txt), then BUILD/tests/gpu/soak. */
 #include <cuda.h>
 #include <pthread.h>
 #include <stdatomic.h>

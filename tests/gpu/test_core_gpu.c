@@ -6,91 +6,17 @@
  * stream capture (relaxed and global mode), out of memory, the limit, abort, and that the
  * device's free memory comes back. Memory is checked without kernels: cuMemsetD8 to write, cuMemcpyDtoH to read back.
  * Prints a line per test and "core-gpu: N passed, M failed"; exits non-zero on a failure. */
-#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "gpu_kernels.h"
 #include "vmmarena.h"
 
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
-
-/* ---- The driver calls the test makes itself, resolved from libcuda.so.1 -------------- */
-
-static struct {
-  CUresult (*init)(unsigned flags);
-  CUresult (*device_get)(CUdevice *dev, int ordinal);
-  CUresult (*primary_ctx_retain)(CUcontext *ctx, CUdevice dev);
-  CUresult (*primary_ctx_release)(CUdevice dev);
-  CUresult (*ctx_set_current)(CUcontext ctx);
-  CUresult (*ctx_synchronize)(void);
-  CUresult (*mem_get_info)(size_t *free_bytes, size_t *total_bytes);
-  CUresult (*memset_d8)(CUdeviceptr ptr, unsigned char value, size_t n);
-  CUresult (*memset_d8_async)(CUdeviceptr ptr, unsigned char value, size_t n, CUstream s);
-  CUresult (*memcpy_dtoh)(void *dst, CUdeviceptr src, size_t n);
-  CUresult (*stream_create)(CUstream *s, unsigned flags);
-  CUresult (*stream_destroy)(CUstream s);
-  CUresult (*stream_query)(CUstream s);
-  CUresult (*launch_host_func)(CUstream s, CUhostFn fn, void *arg);
-  CUresult (*stream_begin_capture)(CUstream s, CUstreamCaptureMode mode);
-  CUresult (*stream_end_capture)(CUstream s, CUgraph *graph);
-  CUresult (*graph_instantiate)(CUgraphExec *exec, CUgraph graph, unsigned long long flags);
-  CUresult (*graph_launch)(CUgraphExec exec, CUstream s);
-  CUresult (*graph_exec_destroy)(CUgraphExec exec);
-  CUresult (*graph_destroy)(CUgraph graph);
-  CUresult (*get_error_name)(CUresult r, const char **name);
-} cu;
-
-typedef CUresult (*get_proc_fn)(const char *symbol, void **pfn, int version, cuuint64_t flags,
-                                CUdriverProcAddressQueryResult *status);
-
-static int load_driver(char *why, size_t cap) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib) return snprintf(why, cap, "dlopen(libcuda.so.1): %s", dlerror()), -1;
-  get_proc_fn get_proc = (get_proc_fn)dlsym(lib, "cuGetProcAddress_v2");
-  if (!get_proc) return snprintf(why, cap, "libcuda.so.1 has no cuGetProcAddress_v2"), -1;
-  const struct {
-    const char *name;
-    void **slot;
-  } table[] = {
-      {"cuInit", (void **)&cu.init},
-      {"cuDeviceGet", (void **)&cu.device_get},
-      {"cuDevicePrimaryCtxRetain", (void **)&cu.primary_ctx_retain},
-      {"cuDevicePrimaryCtxRelease", (void **)&cu.primary_ctx_release},
-      {"cuCtxSetCurrent", (void **)&cu.ctx_set_current},
-      {"cuCtxSynchronize", (void **)&cu.ctx_synchronize},
-      {"cuMemGetInfo", (void **)&cu.mem_get_info},
-      {"cuMemsetD8", (void **)&cu.memset_d8},
-      {"cuMemsetD8Async", (void **)&cu.memset_d8_async},
-      {"cuMemcpyDtoH", (void **)&cu.memcpy_dtoh},
-      {"cuStreamCreate", (void **)&cu.stream_create},
-      {"cuStreamDestroy", (void **)&cu.stream_destroy},
-      {"cuStreamQuery", (void **)&cu.stream_query},
-      {"cuLaunchHostFunc", (void **)&cu.launch_host_func},
-      {"cuStreamBeginCapture", (void **)&cu.stream_begin_capture},
-      {"cuStreamEndCapture", (void **)&cu.stream_end_capture},
-      {"cuGraphInstantiateWithFlags", (void **)&cu.graph_instantiate},
-      {"cuGraphLaunch", (void **)&cu.graph_launch},
-      {"cuGraphExecDestroy", (void **)&cu.graph_exec_destroy},
-      {"cuGraphDestroy", (void **)&cu.graph_destroy},
-      {"cuGetErrorName", (void **)&cu.get_error_name},
-  };
-  for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
-    CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    CUresult r = get_proc(table[i].name, table[i].slot, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &status);
-    if (r != CUDA_SUCCESS || !*table[i].slot || status != CU_GET_PROC_ADDRESS_SUCCESS)
-      return snprintf(why, cap, "libcuda.so.1 lacks %s (result %d, status %d)", table[i].name, (int)r, (int)status), -1;
-  }
-  return 0;
-}
-
-static const char *cu_name(CUresult r) {
-  const char *name = NULL;
-  return cu.get_error_name && cu.get_error_name(r, &name) == CUDA_SUCCESS && name ? name : "CUDA_ERROR_UNRECOGNIZED";
-}
 
 /* ---- A tiny harness ------------------------------------------------------------------ */
 
@@ -111,7 +37,7 @@ static size_t host_cap = 64 * MiB;
 #define CU(call)                                                                    \
   do {                                                                              \
     CUresult r_ = (call);                                                           \
-    EXPECT(r_ == CUDA_SUCCESS, "%s returned %s (%d)", #call, cu_name(r_), (int)r_); \
+    EXPECT(r_ == CUDA_SUCCESS, "%s returned %s (%d)", #call, gk_error(r_), (int)r_); \
   } while (0)
 #define VMM(call)                                                                                  \
   do {                                                                                             \
@@ -165,9 +91,9 @@ static uint64_t driver_failures(const vmm_snapshot *s) {
 
 static size_t device_free(void) {
   size_t free_b = 0, total_b = 0;
-  CUresult r = cu.mem_get_info(&free_b, &total_b);
+  CUresult r = gk.mem_get_info(&free_b, &total_b);
   if (r != CUDA_SUCCESS || total_b == 0)
-    helper_failed("cuMemGetInfo returned %s (free %zu B of %zu B)", cu_name(r), free_b, total_b);
+    helper_failed("cuMemGetInfo returned %s (free %zu B of %zu B)", gk_error(r), free_b, total_b);
   return free_b;
 }
 
@@ -178,7 +104,7 @@ static CUresult copy_result; /* of the latest read-back */
 static long first_mismatch(void *ptr, size_t n, unsigned char value) {
   for (size_t done = 0; done < n; done += host_cap) {
     size_t chunk = n - done < host_cap ? n - done : host_cap;
-    copy_result = cu.memcpy_dtoh(host, (CUdeviceptr)(uintptr_t)ptr + done, chunk);
+    copy_result = gk.memcpy_dtoh(host, (CUdeviceptr)(uintptr_t)ptr + done, chunk);
     if (copy_result != CUDA_SUCCESS) return (long)done;
     for (size_t i = 0; i < chunk; i++)
       if (host[i] != value) return (long)(done + i);
@@ -190,7 +116,7 @@ static long first_mismatch(void *ptr, size_t n, unsigned char value) {
   do {                                                                                                    \
     long at_ = first_mismatch((ptr), (n), (value));                                                       \
     EXPECT(at_ < 0, "byte %ld of %p is 0x%02x, expected 0x%02x (read-back %s)", at_, (void *)(ptr),        \
-           at_ >= 0 && copy_result == CUDA_SUCCESS ? host[at_ % (long)host_cap] : 0, (value), cu_name(copy_result)); \
+           at_ >= 0 && copy_result == CUDA_SUCCESS ? host[at_ % (long)host_cap] : 0, (value), gk_error(copy_result)); \
   } while (0)
 
 static void *dptr_add(void *p, size_t off) { return (void *)((uintptr_t)p + off); }
@@ -217,7 +143,7 @@ static int test_package_alloc_fill_free(void) {
   EXPECT(s.kind[VMM_KIND_PACKAGE].live_bytes == 4 * MiB && s.physical_bytes == 4 * MiB,
          "3 MiB request: live %llu B, physical %llu B", (unsigned long long)s.kind[VMM_KIND_PACKAGE].live_bytes,
          (unsigned long long)s.physical_bytes);
-  CU(cu.memset_d8((CUdeviceptr)(uintptr_t)p, 0x3c, 4 * MiB)); /* the whole extent is usable */
+  CU(gk.memset_d8((CUdeviceptr)(uintptr_t)p, 0x3c, 4 * MiB)); /* the whole extent is usable */
   EXPECT_FILLED(p, 4 * MiB, 0x3c);
   VMM(vmm_arena_free(arena, p, NULL));
   s = snap();
@@ -236,7 +162,7 @@ static int test_bad_frees_change_nothing(void) {
   EXPECT(strstr(vmm_arena_last_error(arena), "interior pointer"), "message: %s", vmm_arena_last_error(arena));
   EXPECT(vmm_arena_free(arena, (void *)(uintptr_t)0x1000, NULL) == VMM_ERR_UNKNOWN_POINTER, "unknown free accepted");
   EXPECT(snap().kind[VMM_KIND_PACKAGE].live_count == 1, "a refused free changed the arena");
-  CU(cu.memset_d8((CUdeviceptr)(uintptr_t)p, 0x01, 4 * MiB));
+  CU(gk.memset_d8((CUdeviceptr)(uintptr_t)p, 0x01, 4 * MiB));
   VMM(vmm_arena_free(arena, p, NULL));
   EXPECT(vmm_arena_free(arena, p, NULL) == VMM_ERR_UNKNOWN_POINTER, "second free accepted");
   EXPECT(snap().physical_bytes == 0, "physical memory left after free");
@@ -249,8 +175,8 @@ static int test_scope_pool_reuse_and_finish(void) {
   VMM(vmm_retention_begin(arena));
   void *p = NULL, *q = NULL;
   VMM(vmm_arena_alloc(arena, 8 * MiB, VMM_KIND_TRANSIENT, stream_a, &p));
-  CU(cu.memset_d8((CUdeviceptr)(uintptr_t)p, 0x11, 8 * MiB));
-  CU(cu.ctx_synchronize()); /* the arena only knows stream A; the fill ran on the legacy stream */
+  CU(gk.memset_d8((CUdeviceptr)(uintptr_t)p, 0x11, 8 * MiB));
+  CU(gk.ctx_synchronize()); /* the arena only knows stream A; the fill ran on the legacy stream */
   VMM(vmm_arena_free(arena, p, stream_a));
   vmm_snapshot s = snap();
   EXPECT(s.retained_reusable_bytes == 8 * MiB && s.kind[VMM_KIND_TRANSIENT].pooled_count == 1 &&
@@ -280,16 +206,16 @@ static int test_reuse_on_another_stream_waits_for_the_first(void) {
   void *p = NULL, *q = NULL;
   VMM(vmm_arena_alloc(arena, n, VMM_KIND_TRANSIENT, stream_a, &p));
   /* Stream A: blocked for 300 ms by a host function, then writes 0x11. */
-  CU(cu.launch_host_func(stream_a, hold_stream, (void *)(uintptr_t)300000));
-  CU(cu.memset_d8_async((CUdeviceptr)(uintptr_t)p, 0x11, n, stream_a));
+  CU(gk.launch_host_func(stream_a, hold_stream, (void *)(uintptr_t)300000));
+  CU(gk.memset_d8_async((CUdeviceptr)(uintptr_t)p, 0x11, n, stream_a));
   VMM(vmm_arena_free(arena, p, stream_a));
-  EXPECT(cu.stream_query(stream_a) == CUDA_ERROR_NOT_READY, "the free synchronized stream A (pooling must not)");
+  EXPECT(gk.stream_query(stream_a) == CUDA_ERROR_NOT_READY, "the free synchronized stream A (pooling must not)");
   /* Stream B reuses the mapping and writes 0x22: it must run after A's write. */
   VMM(vmm_arena_alloc(arena, n, VMM_KIND_TRANSIENT, stream_b, &q));
   EXPECT(q == p, "no reuse across streams: got %p, pooled %p", q, p);
-  CU(cu.memset_d8_async((CUdeviceptr)(uintptr_t)q, 0x22, n, stream_b));
-  EXPECT(cu.stream_query(stream_a) == CUDA_ERROR_NOT_READY, "stream A finished too early: the test proves nothing");
-  CU(cu.ctx_synchronize());
+  CU(gk.memset_d8_async((CUdeviceptr)(uintptr_t)q, 0x22, n, stream_b));
+  EXPECT(gk.stream_query(stream_a) == CUDA_ERROR_NOT_READY, "stream A finished too early: the test proves nothing");
+  CU(gk.ctx_synchronize());
   EXPECT_FILLED(q, n, 0x22);
   VMM(vmm_arena_free(arena, q, stream_b));
   VMM(vmm_retention_finish(arena));
@@ -303,9 +229,9 @@ static int test_assembly_on_the_real_driver(void) {
   void *piece[4], *q = NULL, *again = NULL, *refused = NULL;
   for (int i = 0; i < 4; i++) {
     VMM(vmm_arena_alloc(arena, 16 * MiB, VMM_KIND_TRANSIENT, stream_a, &piece[i]));
-    CU(cu.memset_d8((CUdeviceptr)(uintptr_t)piece[i], (unsigned char)(0x40 + i), 16 * MiB));
+    CU(gk.memset_d8((CUdeviceptr)(uintptr_t)piece[i], (unsigned char)(0x40 + i), 16 * MiB));
   }
-  CU(cu.ctx_synchronize()); /* the fills ran on the legacy stream, not on stream A */
+  CU(gk.ctx_synchronize()); /* the fills ran on the legacy stream, not on stream A */
   for (int i = 0; i < 4; i++) VMM(vmm_arena_free(arena, piece[i], stream_a));
   /* 48 MiB: no pooled mapping of that size, so three idle 16 MiB mappings are taken apart and
    * their handles mapped back to back in a fresh range, with no new memory. */
@@ -314,7 +240,7 @@ static int test_assembly_on_the_real_driver(void) {
   EXPECT(s.assemblies == 1 && s.pooled_taken_apart == 3 && s.physical_bytes == 64 * MiB,
          "assemblies %llu, taken apart %llu, physical %llu B", (unsigned long long)s.assemblies,
          (unsigned long long)s.pooled_taken_apart, (unsigned long long)s.physical_bytes);
-  CU(cu.memset_d8((CUdeviceptr)(uintptr_t)q, 0xa5, 48 * MiB)); /* across every handle boundary */
+  CU(gk.memset_d8((CUdeviceptr)(uintptr_t)q, 0xa5, 48 * MiB)); /* across every handle boundary */
   EXPECT_FILLED(q, 48 * MiB, 0xa5);
   /* 24 MiB of package memory: the last idle 16 MiB cover two thirds; the 8 MiB of new memory
    * for the rest are over the limit, and the refusal says so. */
@@ -346,26 +272,26 @@ static int test_allocation_and_free_during_capture(void) {
   CUgraph graph = NULL;
   CUgraphExec exec = NULL;
   /* Allocation on a capturing stream (relaxed mode, as PyTorch's caching allocator uses). */
-  CU(cu.stream_begin_capture(stream_c, CU_STREAM_CAPTURE_MODE_RELAXED));
+  CU(gk.stream_begin_capture(stream_c, CU_STREAM_CAPTURE_MODE_RELAXED));
   vmm_status st = vmm_arena_alloc(arena, 8 * MiB, VMM_KIND_PACKAGE, stream_c, &p);
-  if (st == VMM_OK) cu.memset_d8_async((CUdeviceptr)(uintptr_t)p, 0x5a, 8 * MiB, stream_c);
-  CUresult end = cu.stream_end_capture(stream_c, &graph);
+  if (st == VMM_OK) gk.memset_d8_async((CUdeviceptr)(uintptr_t)p, 0x5a, 8 * MiB, stream_c);
+  CUresult end = gk.stream_end_capture(stream_c, &graph);
   EXPECT(st == VMM_OK, "alloc during capture: %s: %s", vmm_status_name(st), vmm_arena_last_error(arena));
-  EXPECT(end == CUDA_SUCCESS, "the capture was invalidated: %s", cu_name(end));
-  CU(cu.graph_instantiate(&exec, graph, 0));
-  CU(cu.graph_launch(exec, stream_c));
-  CU(cu.ctx_synchronize());
+  EXPECT(end == CUDA_SUCCESS, "the capture was invalidated: %s", gk_error(end));
+  CU(gk.graph_instantiate(&exec, graph, 0));
+  CU(gk.graph_launch(exec, stream_c));
+  CU(gk.ctx_synchronize());
   EXPECT_FILLED(p, 8 * MiB, 0x5a);
-  cu.graph_exec_destroy(exec);
-  cu.graph_destroy(graph);
+  gk.graph_exec_destroy(exec);
+  gk.graph_destroy(graph);
   graph = NULL;
   /* A free on a capturing stream must not synchronize it: it is deferred. */
-  CU(cu.stream_begin_capture(stream_c, CU_STREAM_CAPTURE_MODE_RELAXED));
+  CU(gk.stream_begin_capture(stream_c, CU_STREAM_CAPTURE_MODE_RELAXED));
   st = vmm_arena_free(arena, p, stream_c);
-  end = cu.stream_end_capture(stream_c, &graph);
-  if (graph) cu.graph_destroy(graph);
+  end = gk.stream_end_capture(stream_c, &graph);
+  if (graph) gk.graph_destroy(graph);
   EXPECT(st == VMM_OK, "free during capture: %s: %s", vmm_status_name(st), vmm_arena_last_error(arena));
-  EXPECT(end == CUDA_SUCCESS, "the free broke the capture: %s", cu_name(end));
+  EXPECT(end == CUDA_SUCCESS, "the free broke the capture: %s", gk_error(end));
   vmm_snapshot s = snap();
   EXPECT(s.deferred_frees == 1 && s.physical_bytes == 8 * MiB, "deferred frees %llu, physical %llu B",
          (unsigned long long)s.deferred_frees, (unsigned long long)s.physical_bytes);
@@ -383,14 +309,14 @@ static int test_allocation_in_a_global_mode_capture(void) {
   if (!make_arena(0, 0)) return 0;
   void *p = NULL;
   CUgraph graph = NULL;
-  CU(cu.stream_begin_capture(stream_c, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CU(gk.stream_begin_capture(stream_c, CU_STREAM_CAPTURE_MODE_GLOBAL));
   vmm_status st = vmm_arena_alloc(arena, 2 * MiB, VMM_KIND_PACKAGE, stream_c, &p);
-  CUresult end = cu.stream_end_capture(stream_c, &graph);
-  if (graph) cu.graph_destroy(graph);
-  printf("  allocation in a global-mode capture: %s; capture end: %s\n", vmm_status_name(st), cu_name(end));
+  CUresult end = gk.stream_end_capture(stream_c, &graph);
+  if (graph) gk.graph_destroy(graph);
+  printf("  allocation in a global-mode capture: %s; capture end: %s\n", vmm_status_name(st), gk_error(end));
   EXPECT(st == VMM_OK && p, "alloc during a global-mode capture: %s: %s", vmm_status_name(st), vmm_arena_last_error(arena));
-  EXPECT(end == CUDA_SUCCESS, "the allocation invalidated the global-mode capture: %s", cu_name(end));
-  CU(cu.memset_d8((CUdeviceptr)(uintptr_t)p, 0x6b, 2 * MiB));
+  EXPECT(end == CUDA_SUCCESS, "the allocation invalidated the global-mode capture: %s", gk_error(end));
+  CU(gk.memset_d8((CUdeviceptr)(uintptr_t)p, 0x6b, 2 * MiB));
   EXPECT_FILLED(p, 2 * MiB, 0x6b);
   VMM(vmm_arena_free(arena, p, NULL));
   EXPECT(snap().physical_bytes == 0, "physical memory left after the free");
@@ -400,7 +326,7 @@ static int test_allocation_in_a_global_mode_capture(void) {
 static int test_out_of_memory_is_recoverable(void) {
   if (!make_arena(0, 0)) return 0;
   size_t free_b = 0, total_b = 0;
-  CU(cu.mem_get_info(&free_b, &total_b));
+  CU(gk.mem_get_info(&free_b, &total_b));
   void *p = NULL;
   vmm_status st = vmm_arena_alloc(arena, total_b + GiB, VMM_KIND_PACKAGE, NULL, &p);
   EXPECT(st == VMM_ERR_OUT_OF_MEMORY && !p, "request larger than the card: %s", vmm_status_name(st));
@@ -472,17 +398,17 @@ int main(void) {
   CUdevice dev = 0;
   CUcontext ctx = NULL;
   CUresult r = CUDA_SUCCESS;
-  if (load_driver(err, sizeof err) == 0 &&
-      ((r = cu.init(0)) || (r = cu.device_get(&dev, 0)) || (r = cu.primary_ctx_retain(&ctx, dev)) ||
-       (r = cu.ctx_set_current(ctx))))
-    snprintf(err, sizeof err, "%s", cu_name(r));
+  if (gk_load_driver(err, sizeof err) == 0 &&
+      ((r = gk.init(0)) || (r = gk.device_get(&dev, 0)) || (r = gk.primary_ctx_retain(&ctx, dev)) ||
+       (r = gk.ctx_set_current(ctx))))
+    snprintf(err, sizeof err, "%s", gk_error(r));
   if (err[0]) {
     printf("FAIL setup: no usable CUDA device 0 (%s)\ncore-gpu: 0 passed, 1 failed\n", err);
     return 1;
   }
   host = malloc(host_cap);
-  if (!host || cu.stream_create(&stream_a, CU_STREAM_NON_BLOCKING) || cu.stream_create(&stream_b, CU_STREAM_NON_BLOCKING) ||
-      cu.stream_create(&stream_c, CU_STREAM_NON_BLOCKING)) {
+  if (!host || gk.stream_create(&stream_a, CU_STREAM_NON_BLOCKING) || gk.stream_create(&stream_b, CU_STREAM_NON_BLOCKING) ||
+      gk.stream_create(&stream_c, CU_STREAM_NON_BLOCKING)) {
     printf("FAIL setup: streams or host buffer\ncore-gpu: 0 passed, 1 failed\n");
     return 1;
   }
@@ -503,7 +429,7 @@ int main(void) {
   run("out_of_memory_is_recoverable", test_out_of_memory_is_recoverable);
   run("abort_keeps_memory_until_destroy", test_abort_keeps_memory_until_destroy);
 
-  CUresult synced = cu.ctx_synchronize();
+  CUresult synced = gk.ctx_synchronize();
   helper_error[0] = '\0';
   size_t end_free = device_free();
   int released = synced == CUDA_SUCCESS && !helper_error[0] && end_free + 2 * MiB >= start_free;
@@ -511,14 +437,14 @@ int main(void) {
   else failed++;
   printf("%s everything_released: device free memory %zu B at start, %zu B at end", released ? "PASS" : "FAIL",
          start_free, end_free);
-  if (synced != CUDA_SUCCESS) printf("; cuCtxSynchronize returned %s", cu_name(synced));
+  if (synced != CUDA_SUCCESS) printf("; cuCtxSynchronize returned %s", gk_error(synced));
   if (helper_error[0]) printf("; %s", helper_error);
   printf("\n");
   printf("core-gpu: %d passed, %d failed\n", passed, failed);
-  cu.stream_destroy(stream_a);
-  cu.stream_destroy(stream_b);
-  cu.stream_destroy(stream_c);
+  gk.stream_destroy(stream_a);
+  gk.stream_destroy(stream_b);
+  gk.stream_destroy(stream_c);
   free(host);
-  cu.primary_ctx_release(dev);
+  gk.primary_ctx_release(dev);
   return failed ? 1 : 0;
 }
