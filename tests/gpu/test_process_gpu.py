@@ -10,13 +10,9 @@ Prints a line per test and "process: N passed, M failed".
 """
 
 import gc
-import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
-import traceback
 
 os.environ.setdefault("VMMARENA_LOG", "off")  # refusals are expected here; the tests read them
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
@@ -25,7 +21,11 @@ import torch  # noqa: E402
 
 import vmmarena  # noqa: E402
 
-CHILD = len(sys.argv) >= 2 and sys.argv[1] == "--child"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_suite import (check, check_listed, child_main, containing, is_child, load_kernels,  # noqa: E402
+                       run, run_child, spin_cycles)
+
+CHILD = is_child()
 if not CHILD:
     vmmarena.install()  # before anything initializes CUDA
 
@@ -34,23 +34,8 @@ DEV = 0
 SPIN_MS = 1500  # a busy stream's spin: far longer than the host's free and reuse take
 
 
-def check(condition, message):
-    """Raises AssertionError(message) when condition is false (also under python -O)."""
-    if not condition:
-        raise AssertionError(message)
-
-
-def containing(ptr, snap=None):
-    """The arena mapping (whole mapping or page) that holds `ptr`, or None."""
-    for m in (snap or vmmarena.snapshot(DEV))["mappings"]:
-        base = int(m["base"], 16)
-        if base <= ptr < base + m["extent"]:
-            return m
-    return None
-
-
 def served(tensor, what):
-    m = containing(tensor.data_ptr())
+    m = containing(vmmarena.snapshot(DEV), tensor.data_ptr())
     check(m is not None, f"{what} at 0x{tensor.data_ptr():x} is not in vmmarena's inventory")
     return m
 
@@ -105,45 +90,6 @@ def child_install_late():
 CHILDREN = {"native": child_native, "install_late": child_install_late}
 
 
-def child(mode, *args):
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", mode, *args],
-                          capture_output=True, text=True, timeout=180)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        raise AssertionError(f"child {mode} failed (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return json.loads(lines[-1][len("RESULT "):])
-
-
-# ---- Streams: a calibrated spin, and kernels loaded before the timed part ---------------
-
-
-def spin_cycles(ms):
-    stream = torch.cuda.Stream()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    trial = 20_000_000
-    with torch.cuda.stream(stream):
-        torch.cuda._sleep(1000)
-        start.record(stream)
-        torch.cuda._sleep(trial)
-        stop.record(stream)
-    stop.synchronize()
-    elapsed = start.elapsed_time(stop)
-    check(elapsed > 0, f"a spin of {trial} cycles took {elapsed} ms")
-    return int(trial * ms / elapsed)
-
-
-def load_kernels(*streams):
-    """Launches every kernel the stream tests queue behind a spin once per stream: CUDA loads
-    modules lazily, and a load can wait for the whole device (the spin would end first)."""
-    probe = torch.empty(MiB, dtype=torch.uint8, device="cuda")
-    for stream in streams:
-        with torch.cuda.stream(stream):
-            torch.cuda._sleep(1000)
-            probe.fill_(1)
-            probe.fill_(2)
-    torch.cuda.synchronize()
-
-
 # ---- Tests ----------------------------------------------------------------------------------
 
 
@@ -152,14 +98,14 @@ def test_install_before_cuda_only():
     check(vmmarena.installed(), "not installed")
     backend = torch.cuda.memory.get_allocator_backend()
     check(backend == "pluggable", f"PyTorch's allocator backend is {backend!r}, not the pluggable one")
-    r = child("install_late")
+    r = run_child(__file__, "install_late")
     check(r["error"] and "before CUDA is initialized" in r["error"] and not r["installed"], r)
 
 
 def test_forward_bitwise_equal_to_native():
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "native.pt")
-        child("native", path)
+        run_child(__file__, "native", path)
         ref = torch.load(path)
     storage = vmmarena.Storage(DEV)
     with storage.package():
@@ -460,8 +406,8 @@ def test_pause_takes_exactly_one_tags_tensors():
         other = [torch.full((n // 4,), 2.5, device="cuda") for n in sizes]
     plain = [torch.full((n // 4,), 3.5, device="cuda") for n in sizes]
     snap = vmmarena.snapshot(DEV)
-    kv_maps = {containing(t.data_ptr(), snap)["base"] for t in kv}
-    others = {containing(t.data_ptr(), snap)["base"] for t in other + plain}
+    kv_maps = {containing(snap, t.data_ptr())["base"] for t in kv}
+    others = {containing(snap, t.data_ptr())["base"] for t in other + plain}
     check(not kv_maps & others, "a 'kv' tensor shares a mapping or page with another tag's")
     physical = snap["totals"]["physical_bytes"]
     storage.pause("kv", backup=True)
@@ -519,28 +465,16 @@ TESTS = [
     test_a_capture_draws_from_the_cache_its_entry_keeps,
     test_a_freed_tensor_grows_in_place,
 ]
-check(len(TESTS) == len([name for name in globals() if name.startswith("test_")]), "a test is not listed")
+check_listed(TESTS, globals())
 
 
 def main():
     deterministic()
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(DEV)}, library {vmmarena.library_path()}")
-    passed = failed = 0
-    for test in TESTS:
-        t0 = time.time()
-        try:
-            test()
-            passed += 1
-            print(f"PASS {test.__name__} ({time.time() - t0:.1f} s)", flush=True)
-        except Exception:
-            failed += 1
-            print(f"FAIL {test.__name__} ({time.time() - t0:.1f} s)\n{traceback.format_exc()}", flush=True)
-    print(f"process: {passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return run("process", TESTS)
 
 
 if __name__ == "__main__":
     if CHILD:
-        print("RESULT " + json.dumps(CHILDREN[sys.argv[2]](*sys.argv[3:])), flush=True)
-        sys.exit(0)
+        child_main(CHILDREN)
     sys.exit(main())

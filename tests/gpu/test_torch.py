@@ -6,12 +6,10 @@ and "torch: N passed, M failed". Settings that must hold from the arena's creati
 (VMMARENA_LIMIT, VMMARENA_REUSE, use_as_default) run in child processes of this same file.
 """
 
-import json
 import os
 import subprocess
 import sys
 import time
-import traceback
 
 os.environ.setdefault("VMMARENA_RETAIN", "on")  # discrete GPUs retain only when asked
 os.environ.setdefault("VMMARENA_LOG", "off")  # refusals are expected here; the tests read them
@@ -19,6 +17,10 @@ os.environ.setdefault("VMMARENA_LOG", "off")  # refusals are expected here; the 
 import torch  # noqa: E402
 
 import vmmarena  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_suite import (check, check_listed, child_main, containing, is_child, load_kernels,  # noqa: E402
+                       run, run_child, spin_cycles)
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -66,21 +68,6 @@ def matmul_product():
     return a @ b
 
 
-def containing(snap, ptr):
-    for m in snap["mappings"]:
-        base = int(m["base"], 16)
-        if base <= ptr < base + m["extent"]:
-            return m
-    return None
-
-
-def check(condition, message):
-    """Raises AssertionError(message) when condition is false. Unlike assert, it stays
-    under python -O."""
-    if not condition:
-        raise AssertionError(message)
-
-
 def assert_same(out, ref, what):
     if not torch.equal(out, ref):
         diff = (out - ref).abs().max().item()
@@ -92,18 +79,7 @@ def assert_same(out, ref, what):
 
 def child(mode, env):
     """Runs this file as `--child mode` with `env` added; returns its RESULT json."""
-    full = dict(os.environ, **env)
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", mode],
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        raise AssertionError(f"child {mode} {env} failed (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return json.loads(lines[-1][len("RESULT ") :])
+    return run_child(__file__, mode, env=env)
 
 
 def child_warmups():
@@ -321,38 +297,6 @@ class _DeviceBytes:
         self.__cuda_array_interface__ = {
             "shape": (n,), "typestr": "|u1", "data": (ptr, False), "strides": None, "version": 2
         }
-
-
-def spin_cycles(ms):
-    """torch.cuda._sleep cycles that keep a stream busy for about `ms` milliseconds, timed with
-    CUDA events (the clock rate varies from card to card and with load)."""
-    stream = torch.cuda.Stream()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    trial = 20_000_000
-    with torch.cuda.stream(stream):
-        torch.cuda._sleep(1000)  # the kernel's first launch, outside the timing
-        start.record(stream)
-        torch.cuda._sleep(trial)
-        stop.record(stream)
-    stop.synchronize()
-    elapsed = start.elapsed_time(stop)
-    check(elapsed > 0, f"a spin of {trial} cycles took {elapsed} ms")
-    return int(trial * ms / elapsed)
-
-
-def load_kernels(*streams):
-    """Launches, once on each stream, every kernel the cross-stream tests queue behind a spin.
-    The first launch of a kernel loads it (CUDA loads modules lazily), and loading can wait for
-    the whole device: behind a spinning stream A that wait would let A finish before the free
-    and the reuse, and the test would prove nothing."""
-    probe = torch.empty(MiB, dtype=torch.uint8, device="cuda")
-    for stream in streams:
-        with torch.cuda.stream(stream):
-            torch.cuda._sleep(1000)
-            probe.fill_(1)
-            probe.fill_(2)
-    torch.cuda.synchronize()
-    check(bool((probe == 2).all()), "the kernel warm-up fill did not land")
 
 
 SPIN_MS = 1500  # stream A's spin: far longer than the free and the reuse take on the host
@@ -648,29 +592,17 @@ TESTS = [
     test_capture_in_a_step_reuses_the_steps_memory_under_retention,
     test_everything_is_released,
 ]
-check(len(TESTS) == len([name for name in globals() if name.startswith("test_")]), "a test is not listed")
+check_listed(TESTS, globals())
 
 
 def main():
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(DEV)}, library {vmmarena.library_path()}")
     setup()
-    passed = failed = 0
-    for test in TESTS:
-        t0 = time.time()
-        try:
-            test()
-            passed += 1
-            print(f"PASS {test.__name__} ({time.time() - t0:.1f} s)", flush=True)
-        except Exception:
-            failed += 1
-            print(f"FAIL {test.__name__} ({time.time() - t0:.1f} s)\n{traceback.format_exc()}", flush=True)
-    print(f"torch: {passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return run("torch", TESTS)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+    if is_child():
         torch.set_grad_enabled(False)
-        print("RESULT " + json.dumps(CHILDREN[sys.argv[2]]()), flush=True)
-        sys.exit(0)
+        child_main(CHILDREN)
     sys.exit(main())
