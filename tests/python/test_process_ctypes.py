@@ -18,20 +18,15 @@ import unittest
 import vmmarena
 from vmmarena import _lib, _process, _torch_stats
 
+import fake_driver
+
 KiB, MiB = 1 << 10, 1 << 20
 PACKAGE, TRANSIENT = 0, 1
 A = ctypes.c_void_p(0x5001)  # fake streams: any non-NULL value
 B = ctypes.c_void_p(0x5002)
 
 shim = _lib.lib()
-fake = ctypes.CDLL(os.environ["VMMARENA_FAKE_DRIVER"])
-fake.fake_driver_reset.restype = ctypes.c_void_p
-fake.fake_driver_reset.argtypes = [ctypes.c_void_p]
-fake.fake_ledger_clean.restype = ctypes.c_int
-fake.fake_first_error.restype = ctypes.c_char_p
-fake.fake_set_capturing.argtypes = [ctypes.c_void_p, ctypes.c_int]
-fake.fake_set_event_lag.argtypes = [ctypes.c_uint64]
-fake.fake_advance_clock.argtypes = [ctypes.c_uint64]
+fake = fake_driver.load()
 HOOKS = _lib.has_process_hooks(shim)
 
 
@@ -117,11 +112,7 @@ def pool_of(pool_id, device=0):
 
 class Base(unittest.TestCase):
     def setUp(self):
-        self.saved_env = {k: v for k, v in os.environ.items() if k.startswith("VMMARENA_") and k != "VMMARENA_LIBRARY"}
-        for k in self.saved_env:
-            if k != "VMMARENA_FAKE_DRIVER":
-                del os.environ[k]
-        os.environ["VMMARENA_LOG"] = "off"
+        self.saved_env = fake_driver.clear_settings()
         shim.vmm_torch_set_driver_for_testing(None)
         if HOOKS:
             shim.vmm_torch_process_test_reset()
@@ -135,9 +126,7 @@ class Base(unittest.TestCase):
         if HOOKS:
             shim.vmm_torch_process_test_reset()
         _lib.set_caching(False)  # as a process that never installed: other tests may follow
-        for k in [k for k in os.environ if k.startswith("VMMARENA_") and k != "VMMARENA_LIBRARY"]:
-            del os.environ[k]
-        os.environ.update(self.saved_env)
+        fake_driver.restore_settings(self.saved_env)
         first = fake.fake_first_error()
         self.assertEqual(fake.fake_ledger_clean(), 1, f"fake ledger not clean: {first}")
 

@@ -17,16 +17,14 @@ TORCH_LOADED_BEFORE = "torch" in sys.modules
 import vmmarena  # noqa: E402
 from vmmarena import _lib  # noqa: E402
 
+import fake_driver  # noqa: E402
+
 MiB = 1 << 20
 STREAM = ctypes.c_void_p(0x5001)
 OTHER_STREAM = ctypes.c_void_p(0x5002)
 
 shim = _lib.lib()
-fake = ctypes.CDLL(os.environ["VMMARENA_FAKE_DRIVER"])
-fake.fake_driver_reset.restype = ctypes.c_void_p
-fake.fake_driver_reset.argtypes = [ctypes.c_void_p]
-fake.fake_ledger_clean.restype = ctypes.c_int
-fake.fake_first_error.restype = ctypes.c_char_p
+fake = fake_driver.load()
 
 
 def package_alloc(size, device=0, stream=STREAM):
@@ -48,19 +46,13 @@ def mapping_at(snap, ptr):
 
 class ShimOnFakeDriver(unittest.TestCase):
     def setUp(self):
-        self.saved_env = {k: v for k, v in os.environ.items() if k.startswith("VMMARENA_") and k != "VMMARENA_LIBRARY"}
-        for k in self.saved_env:
-            if k != "VMMARENA_FAKE_DRIVER":
-                del os.environ[k]
-        os.environ["VMMARENA_LOG"] = "off"
+        self.saved_env = fake_driver.clear_settings()
         shim.vmm_torch_set_driver_for_testing(None)  # drops arenas of the previous fake
         shim.vmm_torch_set_driver_for_testing(fake.fake_driver_reset(None))
 
     def tearDown(self):
         shim.vmm_torch_set_driver_for_testing(None)  # destroys every arena on the fake
-        for k in [k for k in os.environ if k.startswith("VMMARENA_") and k != "VMMARENA_LIBRARY"]:
-            del os.environ[k]
-        os.environ.update(self.saved_env)
+        fake_driver.restore_settings(self.saved_env)
         first = fake.fake_first_error()
         self.assertEqual(fake.fake_ledger_clean(), 1, f"fake ledger not clean: {first}")
 

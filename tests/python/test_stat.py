@@ -198,12 +198,11 @@ class LiveSnapshot(unittest.TestCase):
     """What the C library writes today renders: the sample file cannot drift from it unseen."""
 
     def test_render_a_fresh_snapshot(self):
+        import fake_driver
         from vmmarena import _lib
 
         shim = _lib.lib()
-        fake = ctypes.CDLL(os.environ["VMMARENA_FAKE_DRIVER"])
-        fake.fake_driver_reset.restype = ctypes.c_void_p
-        fake.fake_driver_reset.argtypes = [ctypes.c_void_p]
+        fake = fake_driver.load()
         os.environ["VMMARENA_LOG"] = "off"
         shim.vmm_torch_set_driver_for_testing(fake.fake_driver_reset(None))
         try:
