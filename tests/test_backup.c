@@ -24,23 +24,35 @@
 
 static CUdeviceptr dptr(void *p) { return (CUdeviceptr)(uintptr_t)p; }
 
+/* The bytes [start, start+len) of the pattern of `seed`: byte x is x * 131 + seed + x / 4093
+ * (mod 256), so that no two chunks or pages of one allocation hold the same bytes. */
+static void pattern(unsigned char *buf, size_t start, size_t len, unsigned seed) {
+  size_t r = start % 4093;
+  unsigned char v = (unsigned char)(start * 131u + seed + start / 4093);
+  for (size_t i = 0; i < len; i++) {
+    buf[i] = v;
+    v = (unsigned char)(v + 131u);
+    if (++r == 4093) r = 0, v++;
+  }
+}
+
 static void fill(void *p, size_t n, unsigned seed) {
   unsigned char buf[4096];
   for (size_t off = 0; off < n; off += sizeof buf) {
     size_t len = n - off < sizeof buf ? n - off : sizeof buf;
-    for (size_t i = 0; i < len; i++) buf[i] = (unsigned char)((off + i) * 131u + seed + (off + i) / 4093);
+    pattern(buf, off, len, seed);
     assert_int_equal(fake_write(dptr(p) + off, buf, len), 0);
   }
 }
 
 /* 1 if [p, p+n) holds fill(p, n, seed), 0 if it holds something else or is not mapped. */
 static int holds(void *p, size_t n, unsigned seed) {
-  unsigned char buf[4096];
+  unsigned char buf[4096], want[4096];
   for (size_t off = 0; off < n; off += sizeof buf) {
     size_t len = n - off < sizeof buf ? n - off : sizeof buf;
     if (fake_read(dptr(p) + off, buf, len)) return 0;
-    for (size_t i = 0; i < len; i++)
-      if (buf[i] != (unsigned char)((off + i) * 131u + seed + (off + i) / 4093)) return 0;
+    pattern(want, off, len, seed);
+    if (memcmp(buf, want, len)) return 0;
   }
   return 1;
 }
@@ -195,7 +207,7 @@ static unsigned char pat[AREA], want_host[AREA], want_dev[AREA]; /* the device's
 /* The device's pattern, and what the host area (0xA5 outside the segments) and the device
  * (zeroed, then copied back) hold after the copies. */
 static void odd_images(void) {
-  for (size_t off = 0; off < AREA; off++) pat[off] = (unsigned char)(off * 131u + off / 4093 + 9);
+  pattern(pat, 0, AREA, 9);
   memset(want_host, 0xA5, AREA);
   memset(want_dev, 0, AREA);
   for (size_t i = 0; i < ODD; i++) {
