@@ -156,10 +156,7 @@ static void reuse_is_ordered_after_the_freeing_stream(void **state) {
   tu_free(a, p, S2);
   from = fake_call_count();
   assert_ptr_equal(tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S1), p);
-  size_t record = tu_first_call(from, VMM_DRV_event_record);
-  size_t wait = first_call_with(from, VMM_DRV_stream_wait_event, (uintptr_t)S1);
-  assert_true(record != SIZE_MAX && wait != SIZE_MAX && record < wait);
-  assert_int_equal(fake_call_at(record)->a1, (uintptr_t)S2);
+  tu_assert_event_orders(from, S2, S1);
   tu_free(a, p, S1);
   assert_int_equal(vmm_retention_finish(a), VMM_OK);
   tu_destroy(a);

@@ -222,10 +222,7 @@ static void cross_stream_hit_waits_on_an_event(void **state) {
   tu_free(a, p, S1);
   size_t from = fake_call_count();
   assert_ptr_equal(alloc_in(a, 4 * MiB, T, S2, 0), p);
-  size_t record = tu_first_call(from, VMM_DRV_event_record), wait = tu_first_call(from, VMM_DRV_stream_wait_event);
-  assert_true(record != SIZE_MAX && wait != SIZE_MAX && record < wait);
-  assert_int_equal(fake_call_at(record)->a1, (uintptr_t)S1);
-  assert_int_equal(fake_call_at(wait)->a0, (uintptr_t)S2);
+  tu_assert_event_orders(from, S1, S2);
   assert_int_equal(fake_calls_since(from, VMM_DRV_stream_synchronize), 0); /* never a host wait */
   assert_int_equal(fake_calls_since(from, VMM_DRV_ctx_synchronize), 0);
   tu_free(a, p, S2);
@@ -1077,10 +1074,7 @@ static void record_stream_orders_reuse_of_a_mapping(void **state) {
   tu_free(a, p, S1);
   size_t from = fake_call_count();
   assert_ptr_equal(alloc_in(a, 4 * MiB, T, S1, 0), p); /* its own stream, but S2 used it */
-  size_t record = tu_first_call(from, VMM_DRV_event_record), wait = tu_first_call(from, VMM_DRV_stream_wait_event);
-  assert_true(record != SIZE_MAX && wait != SIZE_MAX && record < wait);
-  assert_int_equal(fake_call_at(record)->a1, (uintptr_t)S2);
-  assert_int_equal(fake_call_at(wait)->a0, (uintptr_t)S1);
+  tu_assert_event_orders(from, S2, S1);
   assert_int_equal(fake_calls_since(from, VMM_DRV_event_record), 1);
   tu_free(a, p, S1);
   from = fake_call_count();

@@ -848,13 +848,7 @@ static void reuse_on_other_stream_waits_on_event(void **state) {
   size_t from = fake_call_count();
   void *q = tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S2);
   assert_ptr_equal(q, p);
-  size_t record = tu_first_call(from, VMM_DRV_event_record), wait = tu_first_call(from, VMM_DRV_stream_wait_event);
-  assert_true(record != SIZE_MAX && wait != SIZE_MAX);
-  assert_true(record < wait);
-  uintptr_t event = fake_call_at(record)->a0;
-  assert_int_equal(fake_call_at(record)->a1, (uintptr_t)S1);
-  assert_int_equal(fake_call_at(wait)->a0, (uintptr_t)S2);
-  assert_int_equal(fake_call_at(wait)->a1, event);
+  tu_assert_event_orders(from, S1, S2);
   assert_int_equal(fake_calls_since(from, VMM_DRV_stream_synchronize), 0);
   assert_int_equal(fake_calls_since(from, VMM_DRV_ctx_synchronize), 0);
   assert_int_equal(fake_calls_since(from, VMM_DRV_mem_create), 0);
@@ -874,10 +868,7 @@ static void reuse_after_an_earlier_quiesce_still_waits_on_event(void **state) {
   tu_free(a, p, S1);
   size_t from = fake_call_count();
   assert_ptr_equal(tu_alloc(a, 4 * MiB, VMM_KIND_TRANSIENT, S2), p);
-  size_t record = tu_first_call(from, VMM_DRV_event_record), wait = tu_first_call(from, VMM_DRV_stream_wait_event);
-  assert_true(record != SIZE_MAX && wait != SIZE_MAX && record < wait);
-  assert_int_equal(fake_call_at(record)->a1, (uintptr_t)S1);
-  assert_int_equal(fake_call_at(wait)->a0, (uintptr_t)S2);
+  tu_assert_event_orders(from, S1, S2);
   tu_free(a, p, S2);
   /* A second quiesce orders that free: the next cross-stream hit needs no event. */
   assert_int_equal(vmm_arena_quiesce(a), VMM_OK);

@@ -71,3 +71,18 @@ size_t tu_first_call(size_t from, vmm_driver_entry e) {
     if (fake_call_at(i)->entry == e) return i;
   return SIZE_MAX;
 }
+
+void tu_assert_event_orders(size_t from, CUstream recorded_on, CUstream waiting) {
+  size_t record = tu_first_call(from, VMM_DRV_event_record);
+  if (record == SIZE_MAX) fail_msg("no event recorded since call %zu", from);
+  const fake_call *r = fake_call_at(record);
+  if (r->a1 != (uintptr_t)recorded_on)
+    fail_msg("the first event was recorded on stream 0x%lx, not 0x%lx", (unsigned long)r->a1,
+             (unsigned long)(uintptr_t)recorded_on);
+  for (size_t i = record + 1, end = fake_call_count(); i < end; i++) {
+    const fake_call *w = fake_call_at(i);
+    if (w->entry == VMM_DRV_stream_wait_event && w->a0 == (uintptr_t)waiting && w->a1 == r->a0) return;
+  }
+  fail_msg("stream 0x%lx never waited for the event recorded on 0x%lx", (unsigned long)(uintptr_t)waiting,
+           (unsigned long)(uintptr_t)recorded_on);
+}

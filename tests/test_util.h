@@ -32,6 +32,9 @@ void *tu_alloc(vmm_arena *a, size_t bytes, vmm_kind kind, CUstream s);
 void tu_free(vmm_arena *a, void *p, CUstream s);
 /* Index of the first call of `e` in the fake's log at or after `from`, or SIZE_MAX. */
 size_t tu_first_call(size_t from, vmm_driver_entry e);
+/* Asserts that since `from` the first event was recorded on `recorded_on` and that `waiting`
+ * then waited for that event (a reuse ordered after a free without a host wait). */
+void tu_assert_event_orders(size_t from, CUstream recorded_on, CUstream waiting);
 /* Bytes mapped back to back from base on, one handle at a time (an assembled mapping has
  * several), stopping at the first gap or once `most` bytes are reached. */
 size_t tu_mapped_from(const void *base, size_t most);
