@@ -227,6 +227,17 @@ static int first_arena_locked(void) {
   return -1;
 }
 
+/* arena_for, with the reason it failed copied into msg. */
+static vmm_arena *arena_with_message(int device, vmm_status *status, char *msg, size_t cap) {
+  vmm_arena *a = arena_for(device, status);
+  if (!a) {
+    pthread_mutex_lock(&shim_lock);
+    put_message(msg, cap, "%s", errors[device]);
+    pthread_mutex_unlock(&shim_lock);
+  }
+  return a;
+}
+
 int vmm_torch_set_caching(int on, char *msg, size_t cap) {
   on = on != 0;
   pthread_mutex_lock(&shim_lock);
@@ -268,13 +279,8 @@ int vmm_torch_process_allocate(size_t size, int device, CUstream stream, uint64_
   }
   if (size == 0) return VMM_OK;
   vmm_status st = VMM_OK;
-  vmm_arena *a = arena_for(device, &st);
-  if (!a) {
-    pthread_mutex_lock(&shim_lock);
-    put_message(msg, cap, "%s", errors[device]);
-    pthread_mutex_unlock(&shim_lock);
-    return (int)st;
-  }
+  vmm_arena *a = arena_with_message(device, &st, msg, cap);
+  if (!a) return (int)st;
   st = vmm_arena_alloc_in(a, size, (vmm_kind)thread_kind, stream, (vmm_pool_id)pool, out);
   if (st == VMM_OK) return VMM_OK;
   const char *why = vmm_arena_last_error(a); /* this thread's copy */
@@ -355,6 +361,55 @@ int vmm_torch_usage(int device, vmm_usage *out) {
 size_t vmm_torch_usage_size(void) { return sizeof(vmm_usage); }
 
 int vmm_torch_reset_peaks(int device) { return on_existing(device, reset_peaks, VMM_POOL_SHARED); }
+
+/* The device's total memory, or the driver's failure kept and put into msg after `what`. */
+static int device_total(int device, vmm_arena *a, size_t *total, const char *what, char *msg, size_t cap) {
+  vmm_status st = vmm_arena_device_memory(a, NULL, total);
+  if (st == VMM_OK) return VMM_OK;
+  put_message(msg, cap, "%s: %s", what, vmm_arena_last_error(a));
+  return keep_arena_error(device, a, st);
+}
+
+int vmm_torch_set_memory_fraction(int device, double fraction, char *msg, size_t cap) {
+  char what[96];
+  snprintf(what, sizeof what, "memory fraction %g on device %d", fraction, device);
+  put_message(msg, cap, "%s", "");
+  if (!device_valid(device)) {
+    put_message(msg, cap, "%s: %s", what, device_range_error());
+    return VMM_ERR_INVALID_ARGUMENT;
+  }
+  if (!(fraction >= 0.0 && fraction <= 1.0)) { /* NaN too */
+    put_message(msg, cap, "%s: outside 0..1", what);
+    return VMM_ERR_INVALID_ARGUMENT;
+  }
+  vmm_status st = VMM_OK;
+  vmm_arena *a = arena_with_message(device, &st, msg, cap);
+  size_t total = 0;
+  if (!a) return (int)st;
+  if ((st = device_total(device, a, &total, what, msg, cap)) != VMM_OK) return (int)st;
+  size_t limit = (size_t)(fraction * (double)total);
+  return (int)vmm_arena_set_limit(a, limit ? limit : 1); /* a limit of 0 would mean none */
+}
+
+int vmm_torch_memory_fraction(int device, double *out, char *msg, size_t cap) {
+  char what[64];
+  snprintf(what, sizeof what, "memory fraction of device %d", device);
+  put_message(msg, cap, "%s", "");
+  *out = 1.0;
+  if (!device_valid(device)) {
+    put_message(msg, cap, "%s: %s", what, device_range_error());
+    return VMM_ERR_INVALID_ARGUMENT;
+  }
+  vmm_status st = VMM_OK;
+  vmm_arena *a = arena_with_message(device, &st, msg, cap);
+  vmm_snapshot s;
+  size_t total = 0;
+  if (!a) return (int)st;
+  if ((st = vmm_arena_snapshot(a, &s)) != VMM_OK || !s.limit_bytes) return (int)st;
+  if ((st = device_total(device, a, &total, what, msg, cap)) != VMM_OK) return (int)st;
+  if (s.limit_bytes < total) *out = (double)s.limit_bytes / (double)total;
+  return VMM_OK;
+}
 
 /* ---- Trace files --------------------------------------------------------------------- */
 

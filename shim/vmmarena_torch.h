@@ -123,6 +123,14 @@ VMM_TORCH_API int vmm_torch_usage(int device, struct vmm_usage *out);
 VMM_TORCH_API size_t vmm_torch_usage_size(void);
 /* vmm_arena_reset_peaks of `device`'s arena; VMM_OK when it has none. */
 VMM_TORCH_API int vmm_torch_reset_peaks(int device);
+/* torch.cuda.set_per_process_memory_fraction: `device`'s arena (created if it does not exist
+ * yet) may hold at most fraction x the device's total memory from now on (vmm_arena_set_limit;
+ * a fraction of 0 is a limit of 1 byte, since 0 would mean none). A fraction outside 0..1 or a
+ * bad device: VMM_ERR_INVALID_ARGUMENT, nothing changed; the message goes to msg. */
+VMM_TORCH_API int vmm_torch_set_memory_fraction(int device, double fraction, char *msg, size_t cap);
+/* torch.cuda.get_per_process_memory_fraction: the arena's limit over the device's total memory
+ * into *out, 1 with no limit or a limit at least the total; errors as above. */
+VMM_TORCH_API int vmm_torch_memory_fraction(int device, double *out, char *msg, size_t cap);
 
 /* ---- Trace files (`vmmarena memviz`) ------------------------------------------------- */
 

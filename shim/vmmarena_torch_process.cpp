@@ -155,12 +155,9 @@ int vmm_torch_process_keep_cache(int keep) {
 }
 
 void vmm_torch_process_memory_fraction(double fraction, int device) {
-  char text[384];
-  std::snprintf(text, sizeof text,
-                "vmmarena: torch.cuda.set_per_process_memory_fraction(%g, device %d) is not supported in whole-process "
-                "mode: set VMMARENA_LIMIT (for example VMMARENA_LIMIT=60G) before the first allocation",
-                fraction, device);
-  throw std::runtime_error(text);
+  char why[kMessageCap];
+  if (vmm_torch_set_memory_fraction(device, fraction, why, sizeof why) != VMM_OK)
+    throw std::runtime_error(std::string("vmmarena: torch.cuda.set_per_process_memory_fraction(): ") + why);
 }
 
 void vmm_torch_process_begin_pool(int device, vmm_torch_mempool_id id, vmm_torch_stream_filter filter) {

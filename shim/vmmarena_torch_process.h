@@ -9,7 +9,7 @@
  *   vmm_torch_free (vmmarena_torch.h) free_fn:    void (void *, size_t, int, cudaStream_t)
  *   vmm_torch_process_record_stream   set_record_stream_fn
  *   vmm_torch_process_empty_cache     set_reset_fn (torch.cuda.empty_cache())
- *   vmm_torch_process_memory_fraction set_memory_fraction_fn (refused: use VMMARENA_LIMIT)
+ *   vmm_torch_process_memory_fraction set_memory_fraction_fn (the arena's limit: vmm_torch_set_memory_fraction)
  *   vmm_torch_process_begin_pool      set_begin_allocate_to_pool
  *   vmm_torch_process_end_pool        set_end_allocate_to_pool_fn
  *   vmm_torch_process_release_pool    set_release_pool
@@ -57,8 +57,8 @@ VMM_TORCH_API void vmm_torch_process_empty_cache(void);
  * whose empty_cache is there to hand PyTorch's cache to the graph's pool, which in this mode
  * draws from vmmarena's cache itself. A failed quiesce throws std::runtime_error. */
 VMM_TORCH_API int vmm_torch_process_keep_cache(int keep);
-/* Throws std::runtime_error: the arena's limit is VMMARENA_LIMIT, set before the first
- * allocation. */
+/* torch.cuda.set_per_process_memory_fraction: vmm_torch_set_memory_fraction; its refusal
+ * (a fraction outside 0..1, a device out of range) throws std::runtime_error with the message. */
 VMM_TORCH_API void vmm_torch_process_memory_fraction(double fraction, int device);
 /* A capture (or any routing PyTorch asks for) into pool `id` of `device` begins; allocations
  * whose stream `filter` accepts go into that pool until vmm_torch_process_end_pool. Throws

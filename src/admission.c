@@ -1,6 +1,7 @@
 /* Admission: new physical memory is refused past the limit or below the headroom, and every
  * refusal says what was requested, what was found, what was required and what the arena
- * holds. Refusals are recoverable out-of-memory errors, never fatal. */
+ * holds. Refusals are recoverable out-of-memory errors, never fatal. The limit may also be set
+ * on a running arena, and the device's memory read, for PyTorch's per-process memory fraction. */
 #include "internal.h"
 
 /* Records a refusal of new memory: the request, why, and what the arena holds. */
@@ -73,4 +74,29 @@ vmm_status vmm_admit_device(vmm_arena *a, size_t bytes, size_t rounded, size_t f
   a->oom_refusals++;
   return refuse(a, bytes, rounded, kind, "device free %s of %s < %s of new memory in %u handles (cuMemGetInfo)",
                 vmm_fmt_bytes(free_b, b[0]), vmm_fmt_bytes(total_b, b[1]), vmm_fmt_bytes(fresh, b[2]), handles);
+}
+
+vmm_status vmm_arena_set_limit(vmm_arena *a, size_t bytes) {
+  if (!a) return VMM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&a->lock);
+  a->cfg.limit_bytes = bytes;
+  pthread_mutex_unlock(&a->lock);
+  return VMM_OK;
+}
+
+vmm_status vmm_arena_device_memory(vmm_arena *a, size_t *free_bytes, size_t *total_bytes) {
+  if (!a) return VMM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&a->lock);
+  size_t found = 0, total = 0;
+  vmm_status st = VMM_OK;
+  CUresult r = VMM_DRV(a, mem_get_info, &found, &total);
+  if (r != CUDA_SUCCESS)
+    st = vmm_fail_driver(a, r, VMM_DRV_mem_get_info, "device_memory: reading the device's free and total memory");
+  else {
+    if (free_bytes) *free_bytes = found;
+    if (total_bytes) *total_bytes = total;
+  }
+  vmm_ctx_leave(a);
+  pthread_mutex_unlock(&a->lock);
+  return st;
 }

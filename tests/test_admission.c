@@ -254,6 +254,59 @@ static void limit_zero_is_none(void **state) {
   tu_destroy(a);
 }
 
+/* A limit set on a running arena applies to the next request; what is held past it stays
+ * held; 0 lifts it. */
+static void limit_set_at_run_time(void **state) {
+  (void)state;
+  assert_int_equal(vmm_arena_set_limit(NULL, MiB), VMM_ERR_INVALID_ARGUMENT);
+  vmm_arena *a = arena_with(NULL, 0, 0, 1);
+  void *held = tu_alloc(a, 6 * MiB, VMM_KIND_PACKAGE, S);
+  assert_int_equal(vmm_arena_set_limit(a, 8 * MiB), VMM_OK);
+  assert_int_equal(tu_snapshot(a).limit_bytes, 8 * MiB);
+  char r[96];
+  const char *needles[] = {req(r, 4 * MiB, 4 * MiB), "limit 8.0 MiB < 6.0 MiB held + 4.0 MiB requested", NULL};
+  vmm_snapshot s = expect_refusal(a, 4 * MiB, VMM_KIND_PACKAGE, needles);
+  assert_int_equal(s.limit_refusals, 1);
+  void *fits = tu_alloc(a, 2 * MiB, VMM_KIND_PACKAGE, S); /* exactly the limit */
+  assert_int_equal(vmm_arena_set_limit(a, 4 * MiB), VMM_OK);
+  s = tu_snapshot(a);
+  assert_int_equal(s.physical_bytes, 8 * MiB); /* past the new limit, and kept */
+  assert_int_equal(s.limit_bytes, 4 * MiB);
+  assert_int_equal(vmm_arena_free(a, fits, S), VMM_OK);
+  assert_int_equal(vmm_arena_set_limit(a, 0), VMM_OK);
+  void *big = tu_alloc(a, 16 * GiB, VMM_KIND_PACKAGE, S);
+  assert_int_equal(tu_snapshot(a).limit_refusals, 1);
+  assert_int_equal(vmm_arena_free(a, big, S), VMM_OK);
+  assert_int_equal(vmm_arena_free(a, held, S), VMM_OK);
+  tu_destroy(a);
+}
+
+/* The device's memory as the driver reports it; a failed read says so and writes nothing. */
+static void device_memory_read_and_unreadable(void **state) {
+  (void)state;
+  size_t free_b = 1, total_b = 2;
+  assert_int_equal(vmm_arena_device_memory(NULL, &free_b, &total_b), VMM_ERR_INVALID_ARGUMENT);
+  vmm_arena *a = arena_with(NULL, 0, 0, 1);
+  void *p = tu_alloc(a, 6 * MiB, VMM_KIND_PACKAGE, S);
+  assert_int_equal(vmm_arena_device_memory(a, &free_b, &total_b), VMM_OK);
+  assert_int_equal(total_b, 80 * GiB);
+  assert_int_equal(free_b, 80 * GiB - 6 * MiB);
+  assert_int_equal(vmm_arena_device_memory(a, NULL, NULL), VMM_OK);
+  vmm_snapshot before = tu_snapshot(a);
+  fake_fail_nth(VMM_DRV_mem_get_info, 1, CUDA_ERROR_UNKNOWN, 0);
+  free_b = 1, total_b = 2;
+  assert_int_equal(vmm_arena_device_memory(a, &free_b, &total_b), VMM_ERR_DRIVER);
+  assert_int_equal(free_b, 1);
+  assert_int_equal(total_b, 2);
+  assert_contains(vmm_arena_last_error(a),
+                  "device_memory: reading the device's free and total memory: cuMemGetInfo returned "
+                  "CUDA_ERROR_UNKNOWN (999)");
+  vmm_snapshot after = tu_snapshot(a);
+  assert_same_holdings(&before, &after);
+  assert_int_equal(vmm_arena_free(a, p, S), VMM_OK);
+  tu_destroy(a);
+}
+
 /* Retained and pooled memory counts toward the limit, and the message says where it is.
  * Without package assembly a package request creates all its bytes; with it, the idle
  * handles cover part of the request and only the rest counts against the limit. */
@@ -512,6 +565,8 @@ int main(void) {
       cmocka_unit_test(limit_boundary),
       cmocka_unit_test(limit_one_byte_under),
       cmocka_unit_test(limit_zero_is_none),
+      cmocka_unit_test(limit_set_at_run_time),
+      cmocka_unit_test(device_memory_read_and_unreadable),
       cmocka_unit_test(limit_counts_retained_and_pooled),
       cmocka_unit_test(driver_out_of_memory),
       cmocka_unit_test(driver_out_of_memory_during_an_assembly),

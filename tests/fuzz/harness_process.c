@@ -4,15 +4,17 @@
  * behind the host) and then drive the calls PyTorch makes through the shim: allocations of
  * any size (page slots below half a granule) on three streams, under three tags and into a
  * capture's pool; frees; record_stream; captures begun and ended; pools released (and a
- * request into a released pool); quiesce and empty_cache; scopes begun, finished and aborted;
- * pause (backup or discard) and resume of a tag; injected driver faults; the device's clock.
+ * request into a released pool); quiesce, empty_cache and the limit set at run time; scopes
+ * begun, finished and aborted; pause (backup or discard) and resume of a tag; injected driver
+ * faults; the device's clock.
  *
  * After every call: the status is a documented one; a new allocation overlaps no live one and
  * can be written through the fake at both ends; each live allocation's contents (a pattern
  * written at its allocation) are intact, whatever failed meanwhile (a tag that may be paused
  * is checked again once resumed; after a discard its pattern is written again); the usage
- * figures equal the model's, a refused allocation changes them not at all and a failed free
- * ends the allocation or leaves it whole; the invariant checker passes; the fatal-error rule
+ * figures equal the model's, an allocation that takes new memory stays within the limit in
+ * force, a refused allocation changes them not at all and a failed free ends the allocation
+ * or leaves it whole; the invariant checker passes; the fatal-error rule
  * holds (harness_rules.h). At the end, with the faults cleared, everything is freed (t1
  * resumed first where memory allows), pools released, the scope finished; empty_cache then
  * leaves nothing held (unless a scope was aborted, or a hard fault may have left memory the
@@ -49,6 +51,7 @@ typedef struct process_model {
   process_alloc live[LIVE_MAX];
   size_t nlive;
   uint64_t allocated; /* the held bytes of the live allocations */
+  size_t limit;       /* the arena's limit in force (0 = none): configured, then set at run time */
   int scope, aborted;
   vmm_pool_id capture;                 /* the pool of the capture underway on stream 1, or 0 */
   vmm_pool_id next_pool;
@@ -146,6 +149,9 @@ static void op_alloc(process_model *m, fuzz_reader *r) {
       fuzz_violation(&m->r, "a refused alloc of %zu bytes changed the allocations", bytes);
     return;
   }
+  if (m->limit && after.reserved_bytes > before.reserved_bytes && after.reserved_bytes > m->limit)
+    fuzz_violation(&m->r, "alloc of %zu bytes took the arena from %llu to %llu bytes, past the limit of %zu", bytes,
+                   (unsigned long long)before.reserved_bytes, (unsigned long long)after.reserved_bytes, m->limit);
   x.at = (CUdeviceptr)(uintptr_t)p;
   x.held = after.allocated_bytes - before.allocated_bytes;
   if (after.allocations != before.allocations + 1 || x.held < bytes)
@@ -330,7 +336,14 @@ static void op_device(process_model *m, fuzz_reader *r) {
   }
   case 2: fake_advance_clock(1 + (f >> 3)); break;
   case 3: fuzz_snapshot_json(&m->r, fuzz_byte(r)); break;
-  default: fuzz_expect_status(&m->r, vmm_arena_reset_peaks(m->r.a), VMM_OK, "reset_peaks"); break;
+  default:
+    if (f & 0x80) { /* a limit set at run time (PyTorch's memory fraction); 0 lifts it */
+      m->limit = (size_t)((f >> 3) & 15) * 2 * m->granularity;
+      fuzz_expect_status(&m->r, vmm_arena_set_limit(m->r.a, m->limit), VMM_OK, "set_limit");
+    } else {
+      fuzz_expect_status(&m->r, vmm_arena_reset_peaks(m->r.a), VMM_OK, "reset_peaks");
+    }
+    break;
   }
 }
 
@@ -423,6 +436,7 @@ void fuzz_process_run(const uint8_t *data, size_t size) {
   cfg.handle_bound_bytes = fuzz_handle_bound(bound, o.granularity);
   cfg.headroom_bytes = (size_t)((bound >> 3) & 3) * o.granularity;
   cfg.limit_bytes = (size_t)limit * 2 * o.granularity;
+  m->limit = cfg.limit_bytes;
   cfg.reserve_bytes = (size_t)(1 + (lag >> 4)) * 64 * o.granularity;
   fuzz_create(&m->r, &cfg, flags & 0x80);
   while (r.n) {

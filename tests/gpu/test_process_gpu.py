@@ -218,6 +218,35 @@ def test_out_of_memory_raises_and_recovers():
     print(f"  {error[:300]}")
 
 
+def test_memory_fraction_caps_new_memory():
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    total = torch.cuda.mem_get_info(DEV)[1]
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # PyTorch 2.9 on
+    check(getter is None or getter(DEV) == 1.0, "a fraction under 1 before any was set")
+    fraction = (torch.cuda.memory_reserved() + 256 * MiB) / total
+    torch.cuda.set_per_process_memory_fraction(fraction, DEV)
+    try:
+        check(vmmarena.snapshot(DEV)["limit_bytes"] == int(fraction * total), "the arena's limit is not the fraction's")
+        check(getter is None or abs(getter(DEV) - fraction) < 1e-9, "get_per_process_memory_fraction differs")
+        fits = torch.empty(128 * MiB, dtype=torch.uint8, device="cuda").fill_(3)
+        error = None
+        try:
+            torch.empty(512 * MiB, dtype=torch.uint8, device="cuda")
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            error = str(e)
+        check(error is not None, "a request past the fraction's limit was served")
+        check("out of memory" in error.lower() and "limit" in error, error)
+        check(int(fits.sum()) == 3 * 128 * MiB, "the tensor under the limit reads back wrong")
+        del fits
+        print(f"  {error[:300]}")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, DEV)
+    check(vmmarena.snapshot(DEV)["limit_bytes"] == total, "a fraction of 1 is not the device's memory")
+    after = torch.empty(512 * MiB, dtype=torch.uint8, device="cuda").fill_(1)
+    check(int(after[-1]) == 1, "an allocation after the limit was lifted reads back wrong")
+
+
 def test_empty_cache_returns_memory_to_the_driver():
     torch.cuda.synchronize()
     held = [torch.empty(512 * MiB, dtype=torch.uint8, device="cuda") for _ in range(8)]
@@ -453,6 +482,7 @@ TESTS = [
     test_forward_bitwise_equal_to_native,
     test_memory_allocated_and_its_peak,
     test_out_of_memory_raises_and_recovers,
+    test_memory_fraction_caps_new_memory,
     test_record_stream_delays_reuse,
     test_free_on_a_side_stream_is_ordered_before_reuse_on_main,
     test_empty_cache_returns_memory_to_the_driver,

@@ -471,10 +471,50 @@ class CxxHooks(Base):
         self.assertEqual(hook("empty_cache"), "")
         self.assertEqual(snap()["totals"]["physical_bytes"], 0)
 
-    def test_memory_fraction_is_refused_with_the_setting_to_use(self):
-        error = hook("memory_fraction", 0.5, 0)
-        self.assertIn("set_per_process_memory_fraction(0.5, device 0) is not supported", error)
-        self.assertIn("VMMARENA_LIMIT", error)
+    def test_memory_fraction_limits_new_memory_and_keeps_what_is_held(self):
+        total = 80 << 30  # the fake device's capacity
+        self.assertEqual(_lib.memory_fraction(0), 1.0, "no limit set, yet a fraction under 1")
+        held = take(64 * MiB)
+        self.assertEqual(hook("memory_fraction", 0.25, 0), "")
+        self.assertEqual(snap()["limit_bytes"], total // 4)
+        self.assertEqual(_lib.memory_fraction(0), 0.25)
+        self.assertEqual(hook("memory_fraction", 2.0 ** -11, 0), "")  # 40 MiB, below the 64 MiB held
+        self.assertEqual(snap()["limit_bytes"], 40 * MiB)
+        self.assertEqual(snap()["totals"]["physical_bytes"], 64 * MiB, "setting the limit released memory")
+        before = snap()
+        status, ptr, msg = allocate(4 * MiB)
+        self.assertEqual((_lib.status_name(status), ptr), ("VMM_ERR_OUT_OF_MEMORY", None))
+        self.assertIn("limit 40.0 MiB < 64.0 MiB held + 4.0 MiB requested", msg)
+        self.assertEqual(snap()["totals"], before["totals"], "a refusal changed what the arena holds")
+        free(held)  # cached: one 64 MiB handle
+        small = take(4 * MiB)
+        self.assertEqual(small, held, "the new memory refused, the cached mapping did not serve")
+        self.assertEqual(snap()["totals"]["physical_bytes"], 64 * MiB)
+        self.assertEqual(hook("memory_fraction", 1.0, 0), "")
+        self.assertEqual(snap()["limit_bytes"], total)
+        self.assertEqual(_lib.memory_fraction(0), 1.0)
+        free(small)
+
+    def test_memory_fraction_zero_admits_no_new_memory(self):
+        self.assertEqual(hook("memory_fraction", 0.0, 0), "")
+        self.assertEqual(snap()["limit_bytes"], 1, "a limit of 0 would be none")
+        self.assertLess(_lib.memory_fraction(0), 1e-9)
+        status, ptr, msg = allocate(2 * MiB)
+        self.assertEqual((_lib.status_name(status), ptr), ("VMM_ERR_OUT_OF_MEMORY", None))
+        self.assertIn("limit 1 B < 0 B held + 2.0 MiB requested", msg)
+
+    def test_memory_fraction_outside_0_to_1_or_a_bad_device_is_refused_and_changes_nothing(self):
+        self.assertEqual(hook("memory_fraction", 0.5, 0), "")
+        for fraction, text in ((1.5, "1.5"), (-0.25, "-0.25"), (float("nan"), "nan")):
+            error = hook("memory_fraction", fraction, 0)
+            self.assertIn(f"set_per_process_memory_fraction(): memory fraction {text} on device 0: outside 0..1", error)
+            self.assertEqual(_lib.memory_fraction(0), 0.5)
+        error = hook("memory_fraction", 0.5, 64)
+        self.assertIn("memory fraction 0.5 on device 64: device ordinal out of range (vmmarena supports devices 0..63)",
+                      error)
+        with self.assertRaises(vmmarena.VmmarenaError) as cm:
+            _lib.memory_fraction(-1)
+        self.assertIn("memory fraction of device -1: device ordinal out of range", str(cm.exception))
 
 
 class TorchStatistics(Base):
@@ -589,7 +629,8 @@ class FakeTorch:
             synchronize=lambda: None, empty_cache=empty_cache,
             memory=types.SimpleNamespace(CUDAPluggableAllocator=PluggableAllocator, change_current_allocator=change))
         self._C = types.SimpleNamespace(_cuda_memoryStats=None, _cuda_resetPeakMemoryStats=None,
-                                        _cuda_resetAccumulatedMemoryStats=None, _cuda_getCheckpointState=checkpoint,
+                                        _cuda_resetAccumulatedMemoryStats=None, _cuda_getMemoryFraction=None,
+                                        _cuda_getCheckpointState=checkpoint,
                                         _cuda_setCheckpointPoolState=checkpoint)
         self.__version__ = "0.0-fake"
 
@@ -623,6 +664,7 @@ class Install(Base):
         self.assertEqual(allocator.args, (_lib.loaded_path(), "vmm_torch_process_malloc", "vmm_torch_free"))
         self.assertEqual(self.torch.hooks, {setter: self.address(symbol) for setter, symbol in _process.HOOKS.items()})
         self.assertIs(self.torch._C._cuda_memoryStats, _torch_stats.memory_stats)
+        self.assertEqual(self.torch._C._cuda_getMemoryFraction(0), 1.0)
         with self.assertRaises(vmmarena.VmmarenaError) as cm:
             self.torch._C._cuda_getCheckpointState(0, (1, 0))
         self.assertIn("mode='reduce-overhead'", str(cm.exception))

@@ -87,6 +87,8 @@ def _process_prototypes(handle):
     _prototype(handle, "vmm_torch_usage", c_int, c_int, ctypes.POINTER(Usage))
     _prototype(handle, "vmm_torch_usage_size", c_size)
     _prototype(handle, "vmm_torch_reset_peaks", c_int, c_int)
+    _prototype(handle, "vmm_torch_set_memory_fraction", c_int, c_int, ctypes.c_double, c_buf, c_size)
+    _prototype(handle, "vmm_torch_memory_fraction", c_int, c_int, ctypes.POINTER(ctypes.c_double), c_buf, c_size)
     if not has_process_hooks(handle):
         return
     _prototype(handle, "vmm_torch_process_test_malloc", c_int, c_size, c_int, c_void, ctypes.POINTER(c_void), c_buf,
@@ -251,6 +253,17 @@ def usage(device):
 
 def reset_peaks(device):
     check(device, lib().vmm_torch_reset_peaks(device))
+
+
+def memory_fraction(device):
+    """The share of `device`'s memory its arena may hold (its limit over the device's total
+    memory); 1.0 with no limit. Creates the arena if it does not exist yet."""
+    msg = ctypes.create_string_buffer(1024)
+    out = ctypes.c_double()
+    status = lib().vmm_torch_memory_fraction(device, ctypes.byref(out), msg, len(msg))
+    if status != _code("VMM_OK"):
+        raise VmmarenaError(msg.value.decode(errors="replace"), status, status_name(status))
+    return out.value
 
 
 def set_caching(on):

@@ -5,7 +5,9 @@ getDeviceStats". torch.cuda.memory_stats(), memory_allocated(), max_memory_alloc
 memory_reserved(), max_memory_reserved(), memory_summary() and torch.accelerator's
 statistics all read torch._C._cuda_memoryStats or torch._C._accelerator_getDeviceStats, and
 the resets call torch._C._cuda_resetPeakMemoryStats and friends; patch() replaces those
-bindings with functions over vmm_usage. The mapping (docs/torch.md, "Statistics"):
+bindings with functions over vmm_usage, and torch.cuda.get_per_process_memory_fraction's
+(which PyTorch does not support for a pluggable allocator either) with the arena's limit over
+the device's memory. The mapping (docs/torch.md, "Statistics"):
 
   allocated_bytes, active_bytes, requested_bytes   vmm_usage.allocated_bytes (+ peak): whole
                                                     mappings' extents and page slots handed out
@@ -88,8 +90,13 @@ def reset_accumulated_memory_stats(device):
         _baselines[device] = {key: now[key] for key in ACCUMULATED}
 
 
+def memory_fraction(device):
+    return _lib.memory_fraction(device)
+
+
 # torch._C binding -> its replacement; the accelerator ones exist from PyTorch 2.9 on.
 _BINDINGS = {
+    "_cuda_getMemoryFraction": memory_fraction,
     "_cuda_memoryStats": memory_stats,
     "_cuda_resetPeakMemoryStats": reset_peak_memory_stats,
     "_cuda_resetAccumulatedMemoryStats": reset_accumulated_memory_stats,
