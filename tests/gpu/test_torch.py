@@ -150,7 +150,15 @@ def child_default():
     except vmmarena.VmmarenaError as e:
         errors.append(str(e))
     snap = vmmarena.snapshot(DEV)
-    return {"close": close, "package_live": snap["kinds"]["package"]["live_count"], "errors": errors}
+    allocated = torch.cuda.memory_allocated(DEV)  # PyTorch's own would raise for a pluggable allocator
+    torch.cuda.set_per_process_memory_fraction(0.5, DEV)
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # PyTorch 2.9 on
+    fraction = getter(DEV) if getter else 0.5
+    limit = vmmarena.snapshot(DEV)["limit_bytes"]
+    torch.cuda.set_per_process_memory_fraction(1.0, DEV)
+    return {"close": close, "package_live": snap["kinds"]["package"]["live_count"], "errors": errors,
+            "allocated": allocated, "live_bytes": snap["kinds"]["package"]["live_bytes"], "fraction": fraction,
+            "limit": limit, "total": torch.cuda.mem_get_info(DEV)[1]}
 
 
 CHILDREN = {"warmups": child_warmups, "limit": child_limit, "bad_config": child_bad_config, "default": child_default}
@@ -518,6 +526,8 @@ def test_use_as_default():
     r = child("default", {})
     check(r["close"] and r["package_live"] >= 2, r)
     check("already ran" in r["errors"][0] and "use_as_default('package')" in r["errors"][1], r["errors"])
+    check(r["allocated"] == r["live_bytes"] > 0, "memory_allocated is not vmmarena's live bytes")
+    check(r["fraction"] == 0.5 and r["limit"] == r["total"] // 2, "the memory fraction did not set the arena's limit")
 
 
 def test_tags_label_segments():

@@ -16,7 +16,7 @@ import types
 import unittest
 
 import vmmarena
-from vmmarena import _lib, _process, _torch_stats
+from vmmarena import _lib, _process, _storage, _torch_stats
 
 import fake_driver
 
@@ -644,6 +644,8 @@ class Install(Base):
 
     def tearDown(self):
         _process._allocator = None
+        _storage._default_kind = None
+        _storage._allocators.clear()  # they were made by the stand-in torch
         if self.saved_torch is None:
             del sys.modules["torch"]
         else:
@@ -673,6 +675,17 @@ class Install(Base):
         with self.assertRaises(vmmarena.VmmarenaError) as cm:
             vmmarena.use_as_default()
         self.assertIn("install() already made vmmarena PyTorch's allocator", str(cm.exception))
+
+    def test_use_as_default_answers_the_statistics_and_the_memory_fraction(self):
+        shim.vmm_torch_set_driver_for_testing(None)
+        _lib.set_caching(False)  # use_as_default() has no caching layer
+        shim.vmm_torch_set_driver_for_testing(fake.fake_driver_reset(None))
+        vmmarena.use_as_default("package")
+        self.assertEqual(self.torch.current.args, (_lib.loaded_path(), "vmm_torch_package_allocate", "vmm_torch_free"))
+        self.assertEqual(self.torch.hooks, {"set_memory_fraction_fn": self.address("vmm_torch_process_memory_fraction")})
+        self.assertIs(self.torch._C._cuda_memoryStats, _torch_stats.memory_stats)
+        self.assertEqual(hook("memory_fraction", 0.5, 0), "")  # what PyTorch calls through that hook
+        self.assertEqual(self.torch._C._cuda_getMemoryFraction(0), 0.5)
 
     def test_install_after_cuda_started_is_refused(self):
         self.torch.initialized = True

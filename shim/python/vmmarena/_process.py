@@ -143,6 +143,20 @@ def _build_allocator(torch, handle):
     return allocator
 
 
+def answer_memory_queries(torch, pluggable):
+    """For use_as_default(), whose pluggable allocator is made current without install():
+    PyTorch's memory statistics and get_per_process_memory_fraction answer from vmmarena, and
+    set_per_process_memory_fraction sets the arena's limit where the shim has its C++ part
+    (without it PyTorch ignores the call, as it does for any pluggable allocator lacking the
+    hook)."""
+    handle = _lib.lib()
+    hooks = pluggable.allocator()
+    if _lib.has_process_hooks(handle) and hasattr(hooks, "set_memory_fraction_fn"):
+        symbol = HOOKS["set_memory_fraction_fn"]
+        hooks.set_memory_fraction_fn(ctypes.cast(getattr(handle, symbol), ctypes.c_void_p).value)
+    _torch_stats.patch(torch)
+
+
 def install():
     """Makes vmmarena PyTorch's allocator for every CUDA tensor of this process (whole-process
     mode; docs/torch.md). Must run before CUDA is initialized: right after `import torch`.

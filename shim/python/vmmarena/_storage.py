@@ -69,7 +69,8 @@ def use_as_default(kind="package"):
     """Makes vmmarena PyTorch's allocator for every CUDA allocation of this process (as
     `kind` memory, with no caching layer). Must run before CUDA is initialized; afterwards
     package(), transient() and graph() are unavailable (they need PyTorch's caching
-    allocator)."""
+    allocator). PyTorch's memory statistics and memory fraction then answer from vmmarena
+    (_process.answer_memory_queries)."""
     global _default_kind
     _check_kind(kind)
     torch = _torch()
@@ -88,6 +89,7 @@ def use_as_default(kind="package"):
         torch.cuda.memory.change_current_allocator(allocator(kind))
     except RuntimeError as e:
         raise VmmarenaError(f"use_as_default(): PyTorch refused to swap its allocator: {e}") from e
+    _process.answer_memory_queries(torch, allocator(kind))
     _default_kind = kind
 
 
