@@ -527,12 +527,12 @@ static inline bool vmm_caching(const vmm_arena *a) { return a->cfg.caching || vm
 static inline bool vmm_frees_to_pool(const vmm_arena *a, vmm_kind kind) {
   return kind == VMM_KIND_TRANSIENT || !vmm_retaining(a) || a->cfg.caching;
 }
-/* Whole-process mode: cached memory up to 1/32 of a request larger than it serves it, where a
- * driver call would be made otherwise (an assembly's last handle; outside a retaining scope, a
- * pooled mapping or a run of one's handles too: inside, the reuse policy decides). */
+/* Whole-process mode, in a scope and out of one: cached memory up to 1/32 of a request larger
+ * than it serves it, where a driver call would be made otherwise (an assembly's last handle, a
+ * pooled mapping or a run of one's handles). MemPool mode keeps the reuse policy's sizes. */
 #define VMM_OVERSHOOT_SHARE 32
 static inline size_t vmm_pooled_overshoot(const vmm_arena *a, size_t rounded) {
-  return a->cfg.caching && !vmm_retaining(a) ? rounded / VMM_OVERSHOOT_SHARE : 0;
+  return a->cfg.caching ? rounded / VMM_OVERSHOOT_SHARE : 0;
 }
 /* Whole-process mode with VMMARENA_GROW on: a miss may grow a pooled mapping in place
  * (assembly.c), and ranges are placed with free VA on both sides (ranges.c). */

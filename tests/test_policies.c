@@ -33,6 +33,8 @@ static const policy_case cases[] = {
     {VMM_REUSE_EXACT, 0, {4, 8, 16}, 3, B(16) + 1, MISS, 0x4, 2}, /* 18 MiB: 16 + 2 new; 4 and 8 would pad */
     {VMM_REUSE_EXACT, 0, {2, 4}, 2, 1, 0},            /* 1 byte rounds to one granule */
     {VMM_REUSE_EXACT, 0, {8, 4, 8}, 3, B(8), 2},      /* the latest freed of a size */
+    /* 66 MiB is 1/32 over: only whole-process mode takes it; here the handle would pad: 64 new */
+    {VMM_REUSE_EXACT, 0, {66}, 1, B(64), MISS, 0, 64},
     /* bounded:2: the smallest mapping in [request, 2 x request] */
     {VMM_REUSE_BOUNDED, 2, {4, 8, 16}, 3, B(3), 0},   /* 3 rounds to 4 */
     {VMM_REUSE_BOUNDED, 2, {4, 8, 16}, 3, B(6), 1},
