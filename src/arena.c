@@ -66,8 +66,8 @@ static vmm_status from_pool(vmm_arena *a, const vmm_request *req, vmm_mapping **
 }
 
 /* Whole-process mode: a run of a larger pooled mapping's handles, in place, where they make the
- * request (or up to 1/32 more); those before and after it stay pooled (no driver
- * call, as a caching allocator splits a block). */
+ * request (or up to 1/32 more); those before and after it stay pooled (no driver call, as a
+ * caching allocator splits a block). */
 static vmm_status take_run(vmm_arena *a, const vmm_request *req, bool shared, vmm_mapping **out) {
   if (!a->cfg.caching || !pooling(a, req) || a->cfg.reuse != VMM_REUSE_EXACT) return NOTHING;
   if (vmm_pool_reserve(&a->store.pool, 2)) return NOTHING;
