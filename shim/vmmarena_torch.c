@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -362,6 +363,14 @@ size_t vmm_torch_usage_size(void) { return sizeof(vmm_usage); }
 
 int vmm_torch_reset_peaks(int device) { return on_existing(device, reset_peaks, VMM_POOL_SHARED); }
 
+/* Clears msg; false, with `what` and the valid range in msg, for a device out of range. */
+static bool device_checked(int device, const char *what, char *msg, size_t cap) {
+  put_message(msg, cap, "%s", "");
+  if (device_valid(device)) return true;
+  put_message(msg, cap, "%s: %s", what, device_range_error());
+  return false;
+}
+
 /* The device's total memory, or the driver's failure kept and put into msg after `what`. */
 static int device_total(int device, vmm_arena *a, size_t *total, const char *what, char *msg, size_t cap) {
   vmm_status st = vmm_arena_device_memory(a, NULL, total);
@@ -373,11 +382,7 @@ static int device_total(int device, vmm_arena *a, size_t *total, const char *wha
 int vmm_torch_set_memory_fraction(int device, double fraction, char *msg, size_t cap) {
   char what[96];
   snprintf(what, sizeof what, "memory fraction %g on device %d", fraction, device);
-  put_message(msg, cap, "%s", "");
-  if (!device_valid(device)) {
-    put_message(msg, cap, "%s: %s", what, device_range_error());
-    return VMM_ERR_INVALID_ARGUMENT;
-  }
+  if (!device_checked(device, what, msg, cap)) return VMM_ERR_INVALID_ARGUMENT;
   if (!(fraction >= 0.0 && fraction <= 1.0)) { /* NaN too */
     put_message(msg, cap, "%s: outside 0..1", what);
     return VMM_ERR_INVALID_ARGUMENT;
@@ -394,12 +399,8 @@ int vmm_torch_set_memory_fraction(int device, double fraction, char *msg, size_t
 int vmm_torch_memory_fraction(int device, double *out, char *msg, size_t cap) {
   char what[64];
   snprintf(what, sizeof what, "memory fraction of device %d", device);
-  put_message(msg, cap, "%s", "");
   *out = 1.0;
-  if (!device_valid(device)) {
-    put_message(msg, cap, "%s: %s", what, device_range_error());
-    return VMM_ERR_INVALID_ARGUMENT;
-  }
+  if (!device_checked(device, what, msg, cap)) return VMM_ERR_INVALID_ARGUMENT;
   vmm_status st = VMM_OK;
   vmm_arena *a = arena_with_message(device, &st, msg, cap);
   vmm_snapshot s;
