@@ -90,13 +90,9 @@ def reset_accumulated_memory_stats(device):
         _baselines[device] = {key: now[key] for key in ACCUMULATED}
 
 
-def memory_fraction(device):
-    return _lib.memory_fraction(device)
-
-
 # torch._C binding -> its replacement; the accelerator ones exist from PyTorch 2.9 on.
 _BINDINGS = {
-    "_cuda_getMemoryFraction": memory_fraction,
+    "_cuda_getMemoryFraction": _lib.memory_fraction,
     "_cuda_memoryStats": memory_stats,
     "_cuda_resetPeakMemoryStats": reset_peak_memory_stats,
     "_cuda_resetAccumulatedMemoryStats": reset_accumulated_memory_stats,
