@@ -46,7 +46,8 @@ warm up), so a call begins with one untimed native run of the first catalog (--n
 leaves it out).
 
 A mode may carry settings of its own: `process:VMMARENA_HANDLE_BOUND=64M` is process with that
-variable set (several: `process:A=1:B=2`; `{catalog}` in a value becomes the catalog's name), so
+variable set (several: `process:A=1:B=2`; a value may hold ':', as in
+`process:VMMARENA_REFILL=within-live:1.03`; `{catalog}` in a value becomes the catalog's name), so
 that variants run side by side in one call; each is reported under its full name.
 
 Usage: bench_process.py OUT.json [--catalog default,ascending,shuffled110,smallpool|all]
@@ -57,6 +58,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -93,8 +95,11 @@ START_TIMEOUT_S = 300
 
 
 def split_mode(mode):
-    """A mode's base name and its own settings: "process:A=1:B=2" -> ("process", {"A": "1", "B": "2"})."""
-    base, *settings = mode.split(":")
+    """A mode's base name and its own settings: "process:A=1:B=x:2" -> ("process", {"A": "1", "B": "x:2"}).
+    A setting starts at a ':' followed by NAME=, so a value may hold ':' (VMMARENA_REFILL=within-live:1.03)."""
+    base, *settings = re.split(r":(?=[A-Za-z_][A-Za-z0-9_]*=)", mode)
+    if ":" in base:
+        raise SystemExit(f"mode {mode!r}: expected NAME=VALUE after ':', found {base.partition(':')[2]!r}")
     env = {}
     for s in settings:
         name, eq, value = s.partition("=")
