@@ -12,7 +12,8 @@
  * replayed; an allocation the replay cannot place (out of memory) is counted and skipped
  * together with its later free. A trace with whole-process calls (captures, graph pools,
  * empty_cache, record_stream: format version 2) is replayed in whole-process mode, as with
- * --cache. */
+ * --cache. A limit the trace sets (set-limit: vmm_arena_set_limit, or the limit in force when
+ * the trace began) is set on the replay's arena too. */
 #include <ctype.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -62,7 +63,8 @@ static void usage(FILE *f) {
         "                       [--plot OUT.png] [TRACE]\n"
         "  TRACE          trace file (plain or gzip); default: the trace built into this binary\n"
         "  --driver       fake (default: simulated driver, no GPU needed) or cuda (device 0)\n"
-        "  --capacity     physical memory of the fake device, or the arena limit with cuda (e.g. 96G)\n"
+        "  --capacity     physical memory of the fake device, or the arena limit with cuda (e.g. 96G); a limit\n"
+        "                 the trace sets (set-limit) applies as well, with cuda never above this one\n"
         "  --granularity  allocation granularity of the fake device (default 2M)\n"
         "  --handle-bound largest handle created inside a scope (default: the arena's choice)\n"
         "  --cache        whole-process mode (VMMARENA_CACHE=on): frees cached outside a scope too, requests\n"
@@ -317,7 +319,7 @@ typedef struct op {
 
 typedef struct trace {
   op *ops;
-  size_t count, allocs, frees, scope_ops;
+  size_t count, allocs, frees, scope_ops, limits;
   size_t process_ops[VMM_TRACE_OP_COUNT]; /* by op, the calls of whole-process mode to replay */
   int whole_process;        /* a record of such a call, or an alloc into a pool: replay with --cache */
   size_t recorded_failures; /* records with a failed result: not replayed */
@@ -362,7 +364,7 @@ static int stream_index(trace *t, uint64_t stream, uint32_t *index) {
 }
 
 /* The calls that only whole-process mode makes (format version 2). */
-static int process_op(vmm_trace_op type) { return type >= VMM_TRACE_CAPTURE_BEGIN && type < VMM_TRACE_OP_COUNT; }
+static int process_op(vmm_trace_op type) { return type >= VMM_TRACE_CAPTURE_BEGIN && type <= VMM_TRACE_RECORD_STREAM; }
 
 /* Adds one record to t; checks that no allocation returns a pointer that is still live in
  * the trace. Returns 0, or -1 after printing what is wrong and where. */
@@ -399,6 +401,8 @@ static int add_record(trace *t, ptr_map *live, const vmm_trace_record *rec, cons
     t->frees++;
   } else if (process_op(rec->op)) {
     t->process_ops[rec->op]++;
+  } else if (rec->op == VMM_TRACE_SET_LIMIT) {
+    t->limits++;
   } else {
     t->scope_ops++;
   }
@@ -535,9 +539,11 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static const char *const op_names[VMM_TRACE_OP_COUNT] = {
-    "alloc",  "free",          "begin",       "finish",       "abort",       "pause-discard", "pause-backup",
-    "resume", "capture-begin", "capture-end", "release-pool", "empty-cache", "record-stream"};
+/* A limit the trace set, as this replay applies it: with cuda, never above --capacity. */
+static size_t replay_limit(const options *o, uint64_t traced) {
+  if (o->driver == DRIVER_FAKE || !o->capacity) return (size_t)traced;
+  return traced && traced < o->capacity ? (size_t)traced : o->capacity;
+}
 
 /* Replays the trace under one policy. series (if non-NULL) gets the physical bytes after
  * every operation. Returns 0, or -1 if the arena could not be created. */
@@ -613,10 +619,11 @@ static int replay(const options *o, const policy *p, const trace *t, const repla
     case VMM_TRACE_RECORD_STREAM: /* skipped when its allocation was refused here (counted as OOM) */
       if (map_get(map, x->ptr, &replay_ptr)) st = vmm_arena_record_stream(a, (void *)(uintptr_t)replay_ptr, stream);
       break;
+    case VMM_TRACE_SET_LIMIT: st = vmm_arena_set_limit(a, replay_limit(o, x->bytes)); break;
     }
     if (st != VMM_OK) {
       fprintf(stderr, "vmmarena-replay: %s: operation %zu (%s %llu bytes): %s: %s\n", p->name, i + 1,
-              op_names[x->type], (unsigned long long)x->bytes, vmm_status_name(st), vmm_arena_last_error(a));
+              vmm_trace_op_name((vmm_trace_op)x->type), (unsigned long long)x->bytes, vmm_status_name(st), vmm_arena_last_error(a));
       res->failed = 1;
     }
     if (series) { /* not timed */
@@ -867,7 +874,7 @@ static void print_process_ops(const trace *t) {
   printf(", %zu whole-process:", total);
   const char *sep = " ";
   for (int i = 0; i < VMM_TRACE_OP_COUNT; i++)
-    if (t->process_ops[i]) printf("%s%zu %s", sep, t->process_ops[i], op_names[i]), sep = ", ";
+    if (t->process_ops[i]) printf("%s%zu %s", sep, t->process_ops[i], vmm_trace_op_name((vmm_trace_op)i)), sep = ", ";
 }
 
 /* Whether an output path names a trace already there (gzip or "vmmtrace"): `--csv TRACE` with
@@ -897,6 +904,7 @@ int main(int argc, char **argv) {
   }
   printf("trace: %s%s: %zu operations (%zu alloc, %zu free, %zu scope", o.trace ? o.trace : vmmarena_default_trace_name,
          o.trace ? "" : " (built in)", t.count, t.allocs, t.frees, t.scope_ops);
+  if (t.limits) printf(", %zu set-limit", t.limits);
   print_process_ops(&t);
   printf(")");
   if (t.recorded_failures || t.unknown_frees || t.unknown_uses)

@@ -65,6 +65,13 @@ if(VMMARENA_TESTS)
   set_tests_properties(vmmarena_replay_process PROPERTIES TIMEOUT 300
     PASS_REGULAR_EXPRESSION "17 whole-process: 3 capture-begin, 3 capture-end, 1 release-pool, 3 empty-cache, 7 record-stream\\)[^\n]*\nwhole-process mode: on, as with --cache"
     FAIL_REGULAR_EXPRESSION "FAILED;vmmarena-replay: ")
+  # A trace that sets a limit (tests/data/limit.trace): the replay's arena takes it, so
+  # retain-no-reuse, which would hold 12 MiB, holds 8 and has its third allocation refused.
+  add_test(NAME vmmarena_replay_limit
+    COMMAND vmmarena-replay ${PROJECT_SOURCE_DIR}/tests/data/limit.trace)
+  set_tests_properties(vmmarena_replay_limit PROPERTIES TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "\\(3 alloc, 3 free, 2 scope, 2 set-limit\\)[^\n]*\n.*\nretain-no-reuse +8\\.0 MiB [^\n]* 1 +0 +[0-9.]+\n"
+    FAIL_REGULAR_EXPRESSION "FAILED;vmmarena-replay: ")
   # The default catalog's whole-process trace recorded on the H200, with VMMARENA_REFILL: the
   # misses below the high-water mark get new memory (a count above zero is matched).
   add_test(NAME vmmarena_replay_refill

@@ -218,7 +218,8 @@ VMM_API int vmm_arena_device(const vmm_arena *arena);
 /* Sets the most physical bytes the arena may hold from now on, as vmm_config.limit_bytes
  * (VMMARENA_LIMIT) does at creation; 0 = none. What the arena holds already stays held, even
  * past the new limit; new memory past it is refused as any limit refusal is, and the request
- * falls back as vmm_arena_alloc says. No driver call. NULL arena: VMM_ERR_INVALID_ARGUMENT. */
+ * falls back as vmm_arena_alloc says. No driver call; traced as a set-limit record. NULL arena:
+ * VMM_ERR_INVALID_ARGUMENT. */
 VMM_API vmm_status vmm_arena_set_limit(vmm_arena *arena, size_t bytes);
 /* The device's free and total memory as the driver reports them (cuMemGetInfo); either out
  * may be NULL. NULL arena: VMM_ERR_INVALID_ARGUMENT; a failed call: VMM_ERR_DRIVER (recorded

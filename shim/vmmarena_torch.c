@@ -424,6 +424,7 @@ int vmm_torch_trace_next(vmm_trace_reader *r, vmm_trace_record *rec, size_t *lin
 }
 void vmm_torch_trace_close(vmm_trace_reader *r) { vmm_trace_reader_close(r); }
 size_t vmm_torch_trace_record_size(void) { return sizeof(vmm_trace_record); }
+const char *vmm_torch_trace_op_name(int op) { return vmm_trace_op_name((vmm_trace_op)op); }
 
 int vmm_torch_set_driver_for_testing(const struct vmm_driver *drv) {
   pthread_mutex_lock(&shim_lock);

@@ -144,6 +144,8 @@ VMM_TORCH_API int vmm_torch_trace_next(struct vmm_trace_reader *r, struct vmm_tr
 VMM_TORCH_API void vmm_torch_trace_close(struct vmm_trace_reader *r);
 /* sizeof(vmm_trace_record), which the Python package's ctypes copy of it must match. */
 VMM_TORCH_API size_t vmm_torch_trace_record_size(void);
+/* vmm_trace_op_name: an op's name as a trace line writes it ("alloc", "set-limit"); "?" for none. */
+VMM_TORCH_API const char *vmm_torch_trace_op_name(int op);
 
 /* Tests only: destroys every arena (pointers handed out become invalid), then creates later
  * arenas on `drv` (NULL = the CUDA driver). Lets CI run the shim on the fake driver. The

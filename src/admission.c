@@ -80,6 +80,7 @@ vmm_status vmm_arena_set_limit(vmm_arena *a, size_t bytes) {
   if (!a) return VMM_ERR_INVALID_ARGUMENT;
   pthread_mutex_lock(&a->lock);
   a->cfg.limit_bytes = bytes;
+  vmm_trace_arena_limit(a);
   pthread_mutex_unlock(&a->lock);
   return VMM_OK;
 }

@@ -394,6 +394,8 @@ vmm_status vmm_arena_trace(vmm_arena *a, const char *path) {
   a->trace = NULL;
   if (path && !(a->trace = vmm_trace_open(path)))
     st = vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "trace \"%s\": cannot open for writing: %s", path, strerror(errno));
+  else if (a->trace && a->cfg.limit_bytes)
+    vmm_trace_arena_limit(a);
   pthread_mutex_unlock(&a->lock);
   return st;
 }

@@ -14,10 +14,12 @@ struct vmm_trace_writer {
 
 static const char *const op_names[VMM_TRACE_OP_COUNT] = {
     "alloc", "free", "begin", "finish", "abort", "pause-discard", "pause-backup", "resume", /* version 1 */
-    "capture-begin", "capture-end", "release-pool", "empty-cache", "record-stream"};
+    "capture-begin", "capture-end", "release-pool", "empty-cache", "record-stream", "set-limit"};
 #define V1_OP_LIST "alloc, free, begin, finish, abort, pause-discard, pause-backup, resume"
-#define OP_LIST V1_OP_LIST ", capture-begin, capture-end, release-pool, empty-cache, record-stream"
+#define OP_LIST V1_OP_LIST ", capture-begin, capture-end, release-pool, empty-cache, record-stream, set-limit"
 static const char *const kind_names[] = {"package", "transient"};
+
+const char *vmm_trace_op_name(vmm_trace_op op) { return (unsigned)op < VMM_TRACE_OP_COUNT ? op_names[op] : "?"; }
 
 static int tag_byte_plain(unsigned char c) { return c > 0x20 && c < 0x7f && c != '%'; }
 
@@ -32,7 +34,7 @@ size_t vmm_trace_format(const vmm_trace_record *r, char *buf, size_t cap) {
   else if (n == 1 && tag[0] == '-') n = (size_t)snprintf(tag, sizeof tag, "%%2D"); /* the tag "-", not "none" */
   tag[n] = '\0';
   const char *kind = r->kind >= 0 && r->kind < VMM_KIND_COUNT ? kind_names[r->kind] : "-";
-  const char *op = (unsigned)r->op < VMM_TRACE_OP_COUNT ? op_names[r->op] : "?";
+  const char *op = vmm_trace_op_name(r->op);
   int len = snprintf(buf, cap, "%llu %s %s %llu %llu 0x%llx 0x%llx %s %s %llu\n", (unsigned long long)r->t_ns, op,
                      kind, (unsigned long long)r->requested, (unsigned long long)r->rounded,
                      (unsigned long long)r->ptr, (unsigned long long)r->stream, tag,
@@ -293,4 +295,8 @@ void vmm_trace_arena_op(vmm_arena *a, vmm_trace_op op, int kind, size_t requeste
   r.result = result;
   r.pool = pool;
   vmm_trace_write(a->trace, &r);
+}
+
+void vmm_trace_arena_limit(vmm_arena *a) {
+  vmm_trace_arena_op(a, VMM_TRACE_SET_LIMIT, -1, a->cfg.limit_bytes, 0, 0, NULL, 0, VMM_POOL_SHARED, VMM_OK);
 }

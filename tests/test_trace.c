@@ -178,6 +178,7 @@ static void round_trip(void **state) {
   vmm_arena *a = tu_arena(NULL, &cfg);
   static oplog l; /* 64 records: keep it off the stack */
   l.count = 0;
+  expect(&l, VMM_TRACE_SET_LIMIT, -1, 64 * MiB, 0, NULL, NULL, NULL, VMM_OK); /* the limit in force at the start */
 
   vmm_tag_push("weights and biases");
   void *p1 = alloc_logged(&l, a, 3 * MiB, VMM_KIND_PACKAGE, S1, VMM_OK);
@@ -248,7 +249,14 @@ static void round_trip(void **state) {
   remove_dir(dir, &path, 1);
 }
 
-/* vmm_arena_trace starts, switches and stops the trace of a running arena. */
+/* vmm_arena_set_limit, logged with the limit as its requested bytes. */
+static void limit_logged(oplog *l, vmm_arena *a, size_t bytes) {
+  assert_int_equal(vmm_arena_set_limit(a, bytes), VMM_OK);
+  expect(l, VMM_TRACE_SET_LIMIT, -1, bytes, 0, NULL, NULL, NULL, VMM_OK);
+}
+
+/* vmm_arena_trace starts, switches and stops the trace of a running arena; a trace begins with
+ * the limit in force, if there is one. */
 static void trace_on_and_off(void **state) {
   (void)state;
   char *dir = make_dir();
@@ -258,11 +266,15 @@ static void trace_on_and_off(void **state) {
   static oplog first, second;
   first.count = second.count = 0;
   uint64_t t0 = now_ns();
-  assert_int_equal(vmm_arena_trace(a, files[0]), VMM_OK);
+  assert_int_equal(vmm_arena_trace(a, files[0]), VMM_OK); /* no limit: nothing written before the first op */
   void *p = alloc_logged(&first, a, 6 * MiB, VMM_KIND_TRANSIENT, S1, VMM_OK);
+  limit_logged(&first, a, 32 * MiB);
   assert_int_equal(vmm_arena_trace(a, files[1]), VMM_OK); /* closes the first */
+  expect(&second, VMM_TRACE_SET_LIMIT, -1, 32 * MiB, 0, NULL, NULL, NULL, VMM_OK);
+  alloc_logged(&second, a, 26 * MiB, VMM_KIND_TRANSIENT, S1, VMM_ERR_OUT_OF_MEMORY); /* 8 MiB held */
   free_logged(&second, a, p, VMM_KIND_TRANSIENT, 6 * MiB, NULL, S1, VMM_OK);
   free_logged(&second, a, before, VMM_KIND_PACKAGE, 2 * MiB, NULL, S1, VMM_OK);
+  limit_logged(&second, a, 0);
   assert_int_equal(vmm_arena_trace(a, NULL), VMM_OK);
   assert_int_equal(vmm_arena_trace(a, NULL), VMM_OK); /* already off */
   uint64_t elapsed = now_ns() - t0;
@@ -439,6 +451,7 @@ static void parser_accepts(void **state) {
       {"25 capture-begin - 0 0 0x0 0x0 - VMM_ERR_INVALID_ARGUMENT 0", VMM_TRACE_CAPTURE_BEGIN, 0, 0, 0, 0,
        VMM_ERR_INVALID_ARGUMENT},
       {"26 empty-cache - 0 0 0x0 0x0 - VMM_ERR_DRIVER 0", VMM_TRACE_EMPTY_CACHE, 0, 0, 0, 0, VMM_ERR_DRIVER},
+      {"27 set-limit - 1073741824 0 0x0 0x0 - VMM_OK 0", VMM_TRACE_SET_LIMIT, 0, 0, 0, 0, VMM_OK},
   };
   for (size_t i = 0; i < sizeof process / sizeof process[0]; i++) {
     assert_int_equal(parse_exact(process[i].line, &r, &why), 1);
@@ -453,6 +466,10 @@ static void parser_accepts(void **state) {
     assert_int_equal(vmm_trace_format(&r, line, sizeof line), strlen(process[i].line) + 1);
     assert_memory_equal(line, process[i].line, strlen(process[i].line)); /* and back, byte for byte */
   }
+  assert_int_equal(parse_exact("28 set-limit - 1073741824 0 0x0 0x0 - VMM_OK 0", &r, &why), 1);
+  assert_int_equal(r.requested, 1073741824); /* the limit */
+  assert_string_equal(vmm_trace_op_name(r.op), "set-limit");
+  assert_string_equal(vmm_trace_op_name((vmm_trace_op)VMM_TRACE_OP_COUNT), "?");
 }
 
 /* A line of more than 255 tag bytes; filled in by parser_rejects. */
@@ -460,7 +477,7 @@ static char too_long[320];
 
 #define ALL_OPS                                                                                                 \
   "(alloc, free, begin, finish, abort, pause-discard, pause-backup, resume, capture-begin, capture-end, "       \
-  "release-pool, empty-cache, record-stream)"
+  "release-pool, empty-cache, record-stream, set-limit)"
 #define V2_FIELDS "(time, operation, kind, requested, rounded, pointer, stream, tag, result, pool)"
 #define V1_FIELDS "(time, operation, kind, requested, rounded, pointer, stream, tag, result)"
 
@@ -516,6 +533,9 @@ static const struct {
     {"1 begin - 0 0 0x0 0x0 - VMM_OK 3", "begin takes no pool", 0},
     {"1 capture-begin package 0 0 0x0 0x0 - VMM_OK 3", "capture-begin takes no kind (\"-\"), found \"package\"", 0},
     {"1 record-stream transient 0 0 0x1 0x2 - VMM_OK 0", "record-stream takes no kind", 0},
+    {"1 set-limit - 1 0 0x0 0x0 - VMM_OK 2", "set-limit takes no pool (0), found \"2\"", 0},
+    {"1 set-limit package 1 0 0x0 0x0 - VMM_OK 0", "set-limit takes no kind", 0},
+    {"1 set-limit - 1 0 0x0 0x0 - VMM_OK", "operation \"set-limit\" is not in version 1", 1},
     {"1 alloc package 1 2 0x1 0x2 ab%4 VMM_OK 0", "tag \"ab%4\": truncated %XX escape", 0},
     {"1 alloc package 1 2 0x1 0x2 ab% VMM_OK 0", "tag \"ab%\": truncated %XX escape", 0},
     {"1 alloc package 1 2 0x1 0x2 %zz VMM_OK 0", "tag \"%zz\": bad %XX escape \"%zz\"", 0},
@@ -773,7 +793,7 @@ static void reader_refuses(void **state) {
        "line 2: operation \"empty-cache\" is not in version 1 (\"vmmtrace 1\"); it came with \"vmmtrace 2\""},
       {"vmmtrace 2\n1 allc package 1 2097152 0x1000 0x0 a VMM_OK 0\n", 0,
        "line 2: unknown operation \"allc\" (alloc, free, begin, finish, abort, pause-discard, pause-backup, resume, "
-       "capture-begin, capture-end, release-pool, empty-cache, record-stream)"},
+       "capture-begin, capture-end, release-pool, empty-cache, record-stream, set-limit)"},
       {"vmmtrace 2\n1 capture-begin - 0 0 0x0 0x0 - VMM_OK 0x7\n", 0, "line 2: pool \"0x7\" is not a decimal number below 2^64"},
       {"vmmtrace 1\n1 alloc package 1 2097152 0x1000 0x0 a%00b VMM_OK\n", 0,
        "line 2: tag \"a%00b\": %00 (a NUL byte) cannot be in a tag"},

@@ -6,7 +6,7 @@
  * t_ns: nanoseconds since the trace started; op: alloc | free | begin | finish | abort |
  * pause-discard | pause-backup | resume (pause and resume: rounded = bytes affected, tag = the tag)
  * | capture-begin | capture-end | release-pool | empty-cache (rounded = bytes released) |
- * record-stream (ptr and stream);
+ * record-stream (ptr and stream) | set-limit (requested = the limit, 0 for none);
  * kind: package | transient | - (every op but alloc and free, and a failed alloc or free that
  * has no kind);
  * requested and rounded: decimal bytes (0 for scope ops);
@@ -45,9 +45,10 @@ typedef enum vmm_trace_op {
   VMM_TRACE_CAPTURE_END,
   VMM_TRACE_RELEASE_POOL,
   VMM_TRACE_EMPTY_CACHE,
-  VMM_TRACE_RECORD_STREAM
+  VMM_TRACE_RECORD_STREAM,
+  VMM_TRACE_SET_LIMIT /* version 2: vmm_arena_set_limit, and the limit in force when a trace starts */
 } vmm_trace_op;
-#define VMM_TRACE_OP_COUNT 13
+#define VMM_TRACE_OP_COUNT 14
 #define VMM_TRACE_V1_OP_COUNT 8 /* the ops a version 1 trace can hold: alloc to resume */
 
 #define VMM_TRACE_VERSION 2 /* the version the writer writes; the reader reads 1 and 2 */
@@ -64,6 +65,9 @@ typedef struct vmm_trace_record {
   int result;                    /* vmm_status */
   uint64_t pool;                 /* vmm_pool_id: alloc and the pool ops; 0 otherwise and in version 1 */
 } vmm_trace_record;
+
+/* The op's name as a trace line writes it ("alloc", "set-limit", ...); "?" for no op. */
+VMM_API const char *vmm_trace_op_name(vmm_trace_op op);
 
 typedef struct vmm_trace_writer vmm_trace_writer;
 
@@ -115,7 +119,7 @@ typedef struct vmm_trace_reader vmm_trace_reader;
  * for a NULL argument) and, for a bad line, its number and what is wrong:
  *   default.trace.gz: line 12: unknown operation "allc" (alloc, free, begin, finish, abort,
  *   pause-discard, pause-backup, resume, capture-begin, capture-end, release-pool, empty-cache,
- *   record-stream)
+ *   record-stream, set-limit)
  * The first problem is reported; nothing is printed. The file is not changed; the calling
  * process's file descriptors, signal dispositions and environment are left as they were (gzip
  * runs as a child process, waited for before the call returns). */

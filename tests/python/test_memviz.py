@@ -336,6 +336,15 @@ class Converting(unittest.TestCase):
         (seg,) = snap["segments"]
         self.assertEqual(seg["address"], 0x7F0000800000)
 
+    def test_a_limit_makes_no_entry(self):
+        snap, conv = self.convert(
+            "0 set-limit - 8388608 0 0x0 0x0 - VMM_OK 0",
+            "1 alloc package 2097152 2097152 0x7f0000800000 0x0 - VMM_OK 0",
+            "2 set-limit - 0 0 0x0 0x0 - VMM_OK 0",
+            version=2)
+        self.assertEqual([a for a, _, _ in self.actions(snap)], ["segment_alloc", "alloc"])
+        self.assertEqual((conv.counts["limits"], conv.counts["records"]), (2, 3))
+
     def test_a_version_1_line_in_a_version_2_trace(self):
         path = os.path.join(self.dir.name, "mixed.trace")
         with open(path, "w") as f:
@@ -393,6 +402,12 @@ class RecordedTraces(unittest.TestCase):
         _, counts, out = self.run_memviz(os.path.join(ROOT, "tests", "data", "process.trace"))
         self.assertEqual(counts["alloc"], 31)
         self.assertIn("; 17 whole-process calls (captures, graph pools, empty-cache, record-stream)", out)
+        self.assertNotIn("set-limit", out)
+
+    def test_a_trace_that_sets_a_limit(self):
+        _, counts, out = self.run_memviz(os.path.join(ROOT, "tests", "data", "limit.trace"))
+        self.assertEqual(counts["alloc"], 3)
+        self.assertIn("; 2 set-limit", out)
 
     def test_usage_errors(self):
         r = subprocess.run([sys.executable, "-m", "vmmarena", "memviz", "/nonexistent.trace", "-o", "/tmp/x.pickle"],

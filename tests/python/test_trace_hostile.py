@@ -17,7 +17,7 @@ import unittest
 
 REPLAY = os.environ.get("VMMARENA_REPLAY")
 OPS = ("alloc", "free", "begin", "finish", "abort", "pause-discard", "pause-backup", "resume",
-       "capture-begin", "capture-end", "release-pool", "empty-cache", "record-stream")
+       "capture-begin", "capture-end", "release-pool", "empty-cache", "record-stream", "set-limit")
 PREFIX = {"replay": b"vmmarena-replay: ", "memviz": b"vmmarena memviz: "}
 
 # The example of docs/trace.md: a scope with a pool hit, a refused request, a bad free.
@@ -145,7 +145,7 @@ class HostileTraces(unittest.TestCase):
                 got = self.assert_refused_alike(name, content)
                 self.assertEqual(got, f"{name}: {want}")
 
-    def test_the_unknown_operation_message_lists_all_thirteen(self):
+    def test_the_unknown_operation_message_lists_every_operation(self):
         (case,) = [c for c in CASES if c[0] == "an unknown operation"]
         got = self.assert_refused_alike(case[1], case[2])
         listed = got[got.rindex("(") + 1 : -1].split(", ")

@@ -59,6 +59,7 @@ def _memviz_command(args):
         f"{c['frees_before_trace']} frees of allocations made before the trace"
         + (f"; {c['process_calls']} whole-process calls (captures, graph pools, empty-cache, record-stream)"
            if c["process_calls"] else "")
+        + (f"; {c['limits']} set-limit" if c["limits"] else "")
     )
     return 0
 

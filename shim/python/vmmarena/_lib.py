@@ -6,6 +6,7 @@ Nothing here imports torch.
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import threading
 
@@ -147,6 +148,7 @@ def lib():
                        ctypes.POINTER(c_size))
             _prototype(handle, "vmm_torch_trace_close", None, c_void)
             _prototype(handle, "vmm_torch_trace_record_size", c_size)
+            _prototype(handle, "vmm_torch_trace_op_name", c_str, ctypes.c_int)
             _process_prototypes(handle)
             _lib, _path = handle, path
     return _lib
@@ -295,6 +297,12 @@ class TraceRecord(ctypes.Structure):
                 ("requested", ctypes.c_uint64), ("rounded", ctypes.c_uint64), ("ptr", ctypes.c_uint64),
                 ("stream", ctypes.c_uint64), ("tag", ctypes.c_char * 256), ("result", ctypes.c_int),
                 ("pool", ctypes.c_uint64)]
+
+
+@functools.lru_cache(maxsize=None)
+def trace_op_name(op):
+    """A vmm_trace_op's name as a trace line writes it ("alloc", "set-limit", ...)."""
+    return lib().vmm_torch_trace_op_name(op).decode()
 
 
 class TraceFileError(VmmarenaError, ValueError):

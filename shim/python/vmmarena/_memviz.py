@@ -15,9 +15,7 @@ from . import _lib
 # The pickle protocol that memory_viz's own unpickler (MemoryViz.js) reads: 2 to 4.
 PICKLE_PROTOCOL = 4
 
-# vmm_trace_op and vmm_kind, in enum order (include/vmmarena/trace.h, include/vmmarena.h).
-OPS = ("alloc", "free", "begin", "finish", "abort", "pause-discard", "pause-backup", "resume",
-       "capture-begin", "capture-end", "release-pool", "empty-cache", "record-stream")
+# vmm_kind, in enum order (include/vmmarena.h).
 KINDS = ("package", "transient")
 NO_TAG = "(no tag)"
 
@@ -34,7 +32,7 @@ def _record(r, status_names):
     their names."""
     return {
         "t_ns": r.t_ns,
-        "op": OPS[r.op],
+        "op": _lib.trace_op_name(r.op),
         "kind": KINDS[r.kind] if r.kind >= 0 else None,
         "requested": r.requested,
         "rounded": r.rounded,
@@ -84,7 +82,8 @@ class Converter:
         self.paused = {}  # addr -> _Mapping whose memory a pause took
         self.scope = False
         self.counts = {"records": 0, "skipped_failures": 0, "ooms": 0, "frees_before_trace": 0,
-                       "pool_hits": 0, "pooled_dropped": 0, "paused": 0, "resumed": 0, "process_calls": 0}
+                       "pool_hits": 0, "pooled_dropped": 0, "paused": 0, "resumed": 0, "process_calls": 0,
+                       "limits": 0}
         self.warnings = []
 
     # -- helpers
@@ -242,6 +241,10 @@ class Converter:
     _release_pool = _process_call
     _empty_cache = _process_call
     _record_stream = _process_call
+
+    # A limit changes no allocation either: counted, no entry (memory_viz has no limit to show).
+    def _set_limit(self, line, r):
+        self.counts["limits"] += 1
 
     def _check_bytes(self, line, r, what, mappings):
         total = sum(m.size for m in mappings)
