@@ -623,7 +623,8 @@ static int replay(const options *o, const policy *p, const trace *t, const repla
     }
     if (st != VMM_OK) {
       fprintf(stderr, "vmmarena-replay: %s: operation %zu (%s %llu bytes): %s: %s\n", p->name, i + 1,
-              vmm_trace_op_name((vmm_trace_op)x->type), (unsigned long long)x->bytes, vmm_status_name(st), vmm_arena_last_error(a));
+              vmm_trace_op_name((vmm_trace_op)x->type), (unsigned long long)x->bytes, vmm_status_name(st),
+              vmm_arena_last_error(a));
       res->failed = 1;
     }
     if (series) { /* not timed */
@@ -874,7 +875,8 @@ static void print_process_ops(const trace *t) {
   printf(", %zu whole-process:", total);
   const char *sep = " ";
   for (int i = 0; i < VMM_TRACE_OP_COUNT; i++)
-    if (t->process_ops[i]) printf("%s%zu %s", sep, t->process_ops[i], vmm_trace_op_name((vmm_trace_op)i)), sep = ", ";
+    if (t->process_ops[i])
+      printf("%s%zu %s", sep, t->process_ops[i], vmm_trace_op_name((vmm_trace_op)i)), sep = ", ";
 }
 
 /* Whether an output path names a trace already there (gzip or "vmmtrace"): `--csv TRACE` with

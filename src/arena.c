@@ -392,10 +392,8 @@ vmm_status vmm_arena_trace(vmm_arena *a, const char *path) {
   vmm_status st = VMM_OK;
   vmm_trace_close(a->trace);
   a->trace = NULL;
-  if (path && !(a->trace = vmm_trace_open(path)))
+  if (path && !vmm_trace_arena_open(a, path))
     st = vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "trace \"%s\": cannot open for writing: %s", path, strerror(errno));
-  else if (a->trace && a->cfg.limit_bytes)
-    vmm_trace_arena_limit(a);
   pthread_mutex_unlock(&a->lock);
   return st;
 }

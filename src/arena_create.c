@@ -144,10 +144,7 @@ static vmm_status open_trace(vmm_arena *a) {
           : dev ? snprintf(path, sizeof path, "%s.%d", path_in, dev)
                 : snprintf(path, sizeof path, "%s", path_in);
   bool fits = n >= 0 && (size_t)n < sizeof path;
-  if (fits && (a->trace = vmm_trace_open(path))) {
-    if (a->cfg.limit_bytes) vmm_trace_arena_limit(a);
-    return VMM_OK;
-  }
+  if (fits && vmm_trace_arena_open(a, path)) return VMM_OK;
   return create_fail(a, VMM_ERR_INVALID_ARGUMENT, "VMMARENA_TRACE=\"%s\" (file %s): cannot open for writing: %s", path_in,
                      fits ? path : "(path too long)", fits ? strerror(errno) : "path too long");
 }

@@ -629,8 +629,11 @@ VMM_INTERNAL uint32_t vmm_tag_lookup(const char *name, bool *known);
 VMM_INTERNAL void vmm_trace_arena_op(vmm_arena *a, vmm_trace_op op, int kind, size_t requested, size_t rounded,
                                      CUdeviceptr ptr, CUstream stream, uint32_t tag, vmm_pool_id pool,
                                      vmm_status result);
-/* The limit in force as a set-limit record (the arena's first when its trace starts with one). */
+/* The limit in force as a set-limit record. */
 VMM_INTERNAL void vmm_trace_arena_limit(vmm_arena *a);
+/* Opens path as the arena's trace (a->trace, which must be NULL), its first record the limit
+ * in force if there is one; false with errno set if the file cannot be opened. */
+VMM_INTERNAL bool vmm_trace_arena_open(vmm_arena *a, const char *path);
 
 /* ---- Device (arena_create.c) -------------------------------------------------------- */
 /* Destroy: releases the primary context that creation retained and pops it. */

@@ -300,3 +300,9 @@ void vmm_trace_arena_op(vmm_arena *a, vmm_trace_op op, int kind, size_t requeste
 void vmm_trace_arena_limit(vmm_arena *a) {
   vmm_trace_arena_op(a, VMM_TRACE_SET_LIMIT, -1, a->cfg.limit_bytes, 0, 0, NULL, 0, VMM_POOL_SHARED, VMM_OK);
 }
+
+bool vmm_trace_arena_open(vmm_arena *a, const char *path) {
+  if (!(a->trace = vmm_trace_open(path))) return false;
+  if (a->cfg.limit_bytes) vmm_trace_arena_limit(a);
+  return true;
+}
