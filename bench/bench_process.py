@@ -22,6 +22,8 @@ all: torch.cuda.max_memory_reserved for native, expandable and both process mode
 answers from vmmarena; vmmarena's physical peak plus what PyTorch took outside it for
 mempool), that peak over the live tensor bytes (native's torch.cuda.max_memory_allocated),
 the warmup's wall time (and its host time per phase of a step, summed over the steps), the
+process's CPU time over the warmup (user + system, every thread: a second measure, which a
+busy host's stolen time does not inflate) with the times the kernel took the CPU away, the
 driver calls made during the warmup (the arena's per entry point; PyTorch's own cudaMalloc and
 cudaFree for native and expandable), and whether the final logits equal native's. Targets (docs/torch.md):
 process and process-retain at most 1.10x the live bytes (goal 1.05x), below expandable, and no
@@ -59,6 +61,7 @@ import contextlib
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -142,17 +145,23 @@ def catalog_worker(job):
     driver_before = vmm.snapshot(0)["driver"] if mode in PROCESS_MODES else None
     own_calls = ("num_device_alloc", "num_device_free")  # PyTorch's own cudaMalloc and cudaFree
     own_before = torch.cuda.memory_stats(0) if mode in ("native", "expandable") else {}
+    usage_before = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     with scope:
         torch_workload.warmup(torch, model, storage, seed, catalog, series)
     torch.cuda.synchronize()
     warmup_s = time.perf_counter() - start - series.own_s
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     logits = torch_workload.final_logits(torch, model, storage, seed, catalog)
     result = {
         "mode": job["mode"], "catalog": catalog.name, "round": job["round"], "warmup_s": warmup_s, "observer_s": series.own_s,
         "live_peak_bytes": torch.cuda.max_memory_allocated(0) if mode != "mempool" else None,
         "steps": series.rows, "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
         "phase_s": series.phase_s,  # host time from each phase of a step to the next, summed over the steps
+        # the process's CPU time (every thread, the observer's included) and the times the kernel took the CPU away
+        "cpu_s": usage.ru_utime + usage.ru_stime - usage_before.ru_utime - usage_before.ru_stime,
+        "system_s": usage.ru_stime - usage_before.ru_stime,
+        "preempted": usage.ru_nivcsw - usage_before.ru_nivcsw,
     }
     if mode == "mempool":
         result["peak_bytes"] = series.held()["peak"]
@@ -275,7 +284,8 @@ def merge_round(by_mode, r):
     """Folds one round's result into its mode's: the fastest warmup, the median, the highest
     peak, the largest logits difference, every round's time and phases by round."""
     r = dict(r, warmup_rounds=[r["warmup_s"]], warmup_median_s=r["warmup_s"],
-             by_round={r["round"]: {k: r[k] for k in ("warmup_s", "phase_s", "driver", "pool") if k in r}})
+             by_round={r["round"]: {k: r[k] for k in ("warmup_s", "phase_s", "cpu_s", "system_s", "preempted", "driver",
+                                                        "pool") if k in r}})
     old = by_mode.get(r["mode"])
     if old is None:
         by_mode[r["mode"]] = r
@@ -304,10 +314,10 @@ def paired(r, native, key=lambda x: x["warmup_s"]):
     return statistics.median(got) if got else None
 
 
-def paired_text(r, native):
+def paired_text(r, native, key=lambda x: x["warmup_s"]):
     """The paired ratio and, over several rounds, the range of the rounds' ratios: a range
     across 1.00x says the rounds' spread is larger than the difference."""
-    got = round_ratios(r, native)
+    got = round_ratios(r, native, key)
     if not got:
         return "-"
     spread = f" ({min(got):.2f}-{max(got):.2f})" if min(got) < max(got) else ""
@@ -358,6 +368,14 @@ def report_catalog(name, modes):
         for mode, r in modes.items():
             got = [paired(r, native, lambda x, p=p: x["phase_s"].get(p, 0.0)) for p in phases]
             print(f"  {mode}: " + " ".join("-" if g is None else f"{g:.2f}x" for g in got))
+    if native and all("cpu_s" in x for r in modes.values() for x in r.get("by_round", {}).values()):
+        print("\nCPU time of the process during the warmup (user + system, every thread), paired with native's "
+              "rounds; system time and the times the kernel took the CPU away, median over rounds:")
+        for mode, r in modes.items():
+            rounds = list(r["by_round"].values())
+            print(f"  {mode}: {paired_text(r, native, lambda x: x['cpu_s'])}; system "
+                  f"{statistics.median(x['system_s'] for x in rounds):.2f} s; "
+                  f"preempted {statistics.median(x['preempted'] for x in rounds):.0f}")
     checks = []
     for mode, r in modes.items():
         if base_mode(mode) not in PROCESS_MODES or not live:
