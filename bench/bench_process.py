@@ -36,6 +36,9 @@ so every allocation is an exact-size hit, under native and under process; size 0
 timed pairs are counted.
 
 Every worker starts at once (imports, CUDA, the model); the timed parts run one at a time.
+The workers load on the CPUs local to the GPU (from sysfs; every CPU allowed where that is
+unknown) and each timed part runs on the same four of them (cpu_placement.py says why;
+--no-pin leaves the placement to the kernel).
 
 With --repeat N every catalog runs N rounds, each mode in a process of its own per round, the
 modes' order reversed in every other round (so no mode is always first): a mode's warmup is
@@ -54,7 +57,7 @@ that variants run side by side in one call; each is reported under its full name
 
 Usage: bench_process.py OUT.json [--catalog default,ascending,shuffled110,smallpool|all]
                         [--modes native,...] [--library PATH] [--seed N] [--pairs N] [--no-hotpath]
-                        [--repeat N]
+                        [--repeat N] [--no-burn-in] [--no-pin]
 """
 import argparse
 import contextlib
@@ -71,6 +74,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_torch  # noqa: E402  (StepSeries, wait_for_turn, machine)
+import cpu_placement  # noqa: E402  (the workers' CPUs)
 import record_trace  # noqa: E402  (library and package lookup)
 import torch_workload  # noqa: E402  (the catalogs)
 
@@ -139,7 +143,7 @@ def catalog_worker(job):
     torch.cuda.synchronize()
     series = bench_torch.StepSeries(torch, storage)
     scope = vmm.Storage(0).retain_transient_backing() if mode == "process-retain" else contextlib.nullcontext()
-    bench_torch.wait_for_turn(Path(job["ready"]), Path(job["go"]), WORKER_TIMEOUT_S)
+    bench_torch.wait_for_turn(Path(job["ready"]), Path(job["go"]), WORKER_TIMEOUT_S, job.get("turn_cpus"))
 
     torch.cuda.synchronize()
     driver_before = vmm.snapshot(0)["driver"] if mode in PROCESS_MODES else None
@@ -193,7 +197,7 @@ def hotpath_worker(job):
     delete = torch._C._cuda_cudaCachingAllocator_raw_delete
     torch.cuda.init()
     stream = torch.cuda.current_stream().cuda_stream
-    bench_torch.wait_for_turn(Path(job["ready"]), Path(job["go"]), WORKER_TIMEOUT_S)
+    bench_torch.wait_for_turn(Path(job["ready"]), Path(job["go"]), WORKER_TIMEOUT_S, job.get("turn_cpus"))
     rows = []
     for size in HOT_SIZES:
         for _ in range(200):
@@ -427,10 +431,14 @@ def main():
     parser.add_argument("--no-hotpath", action="store_true")
     parser.add_argument("--repeat", type=int, default=1, help="rounds of each catalog (fastest time, highest peak)")
     parser.add_argument("--no-burn-in", action="store_true", help="no untimed native run first")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="leave the workers where the kernel puts them (by default they load on the GPU's "
+                             "local CPUs and each timed run is on the same four of them)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         job = json.loads(Path(args.worker).read_text())
+        cpu_placement.pin(job.get("load_cpus"))  # before torch and CUDA start their threads
         (hotpath_worker if job.get("hotpath") else catalog_worker)(job)
         return
     if not args.out:
@@ -449,6 +457,11 @@ def main():
         jobs.append({"catalog": catalogs[0], "mode": "native", "seed": args.seed, "round": -1, "burn_in": True})
     jobs += [{"catalog": c, "mode": m, "seed": args.seed, "round": k} for k in range(args.repeat) for c in catalogs
              for m in (modes if k % 2 == 0 else modes[::-1])]
+    if not args.no_pin:
+        load, turn, placed = cpu_placement.plan(os.sched_getaffinity(0), cpu_placement.gpu_local_cpus())
+        for job in jobs:
+            job.update(load_cpus=load, turn_cpus=turn)
+        print(placed, flush=True)
     library = record_trace.find_library(args.library)
     with tempfile.TemporaryDirectory() as tmp:
         results = run_jobs(jobs, library, tmp)
@@ -466,7 +479,8 @@ def main():
     first = next((r for by_mode in runs.values() for r in by_mode.values()), None)
     if first:
         print(f"\n{first['device']}, torch {first['torch']}")
-    data = {"machine": bench_torch.machine(), "seed": args.seed, "runs": runs, "hotpath": hot, "checks": checks}
+    data = {"machine": bench_torch.machine(), "seed": args.seed, "runs": runs, "hotpath": hot, "checks": checks,
+            "cpus": None if args.no_pin else {"load": jobs[0]["load_cpus"], "turn": jobs[0]["turn_cpus"]}}
     Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {args.out}")
     if len(results) < len(jobs):

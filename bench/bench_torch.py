@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cpu_placement  # noqa: E402  (a timed worker's CPUs)
 import record_trace  # noqa: E402  (library and package lookup)
 import torch_breakdown  # noqa: E402  (the per-phase probe)
 import torch_workload  # noqa: E402  (the catalogs)
@@ -106,13 +107,15 @@ class StepSeries:
         self._t[phase] += time.perf_counter() - t0  # the next phase's time leaves this call out
 
 
-def wait_for_turn(ready, go, timeout):
+def wait_for_turn(ready, go, timeout, cpus=None):
+    """Says this worker is ready, waits for its turn, then moves it onto `cpus` (None: stays)."""
     ready.write_text(str(os.getpid()))
     deadline = time.monotonic() + timeout
     while not go.exists():
         if time.monotonic() > deadline:
             sys.exit(f"worker {os.getpid()}: no turn within {timeout} s")
         time.sleep(0.02)
+    cpu_placement.pin(cpus)
 
 
 def worker(job):

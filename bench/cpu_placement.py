@@ -1,0 +1,63 @@
+"""Where the benchmark's worker processes run on the host.
+
+Timed runs of one mode differ from run to run by far more than the allocators do. On the H100
+machine (2026-12-05, docs/benchmarks.md, "Nineteenth session") slow and fast runs mostly
+alternated from one worker process to the next, in execution order (lag-1 autocorrelation 0.05
+to 0.19 in four of five time steps; one drifted, 0.85), as if each process drew its host speed
+when it started: which cores, which memory node. So every worker is kept on the CPUs next to
+the GPU (its NUMA node, from sysfs) while it loads, and each timed run on the same few of them,
+so that the modes compared draw alike. Whether that narrows the spread is for the next GPU run
+to show (--no-pin runs without it).
+"""
+import glob
+import os
+
+TURN_CPUS = 4  # a timed run's main thread, the driver's threads and vmmarena's unmapping thread
+
+
+def parse_cpulist(text):
+    """The CPUs of a kernel CPU list ("0-7,16-23"), sorted; ValueError for anything else."""
+    cpus = set()
+    for part in text.strip().split(","):
+        if not part:
+            raise ValueError(f"empty item in CPU list {text!r}")
+        first, _, last = part.partition("-")
+        lo, hi = int(first), int(last or first)
+        if lo < 0 or hi < lo:
+            raise ValueError(f"bad range {part!r} in CPU list {text!r}")
+        cpus.update(range(lo, hi + 1))
+    return sorted(cpus)
+
+
+def gpu_local_cpus(sysfs="/sys/bus/pci/drivers/nvidia"):
+    """The CPUs local to the machine's one NVIDIA GPU, or None (none, several, or unreadable)."""
+    lists = glob.glob(os.path.join(sysfs, "*:*", "local_cpulist"))
+    if len(lists) != 1:
+        return None
+    try:
+        with open(lists[0]) as f:
+            return parse_cpulist(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def plan(allowed, local):
+    """(CPUs to load on, CPUs for each timed run, what was chosen) from the CPUs this process may
+    use and the GPU's local ones (None: unknown)."""
+    allowed = sorted(allowed)
+    near = [c for c in (local or []) if c in set(allowed)]
+    load = near or allowed
+    turn = load[-TURN_CPUS:]  # the last ones: CPU 0 and its neighbours take most interrupts
+    where = "the GPU's local CPUs" if near else "every CPU allowed (the GPU's local CPUs unknown)"
+    return load, turn, f"workers load on {len(load)} CPUs ({where}); each timed run on CPUs {turn}"
+
+
+def pin(cpus):
+    """Every thread of this process onto `cpus` (threads made later inherit it); None: no change."""
+    if not cpus:
+        return
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), cpus)
+        except (ProcessLookupError, PermissionError):
+            pass  # a thread that ended meanwhile, or one the kernel keeps (nothing to do for it)
