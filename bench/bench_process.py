@@ -37,8 +37,8 @@ timed pairs are counted.
 
 Every worker starts at once (imports, CUDA, the model); the timed parts run one at a time.
 The workers load on the CPUs local to the GPU (from sysfs; every CPU allowed where that is
-unknown) and each timed part runs on the same four of them (cpu_placement.py says why;
---no-pin leaves the placement to the kernel).
+unknown) and each timed part runs on the same four of them, one a core (cpu_placement.py says
+why; --no-pin leaves the placement to the kernel).
 
 With --repeat N every catalog runs N rounds, each mode in a process of its own per round, the
 modes' order reversed in every other round (so no mode is always first): a mode's warmup is

@@ -41,15 +41,31 @@ def gpu_local_cpus(sysfs="/sys/bus/pci/drivers/nvidia"):
         return None
 
 
-def plan(allowed, local):
+def core_of(cpu, sysfs="/sys/devices/system/cpu"):
+    """The lowest CPU sharing `cpu`'s core (its hyperthread siblings), or `cpu` where unknown."""
+    try:
+        with open(os.path.join(sysfs, f"cpu{cpu}", "topology", "thread_siblings_list")) as f:
+            return min(parse_cpulist(f.read()))
+    except (OSError, ValueError):
+        return cpu
+
+
+def plan(allowed, local, core=core_of):
     """(CPUs to load on, CPUs for each timed run, what was chosen) from the CPUs this process may
-    use and the GPU's local ones (None: unknown)."""
+    use and the GPU's local ones (None: unknown). A timed run gets one CPU of each of the last
+    cores (CPU 0 and its neighbours take most interrupts), so that vmmarena's unmapping thread
+    never shares a core with the thread it works beside."""
     allowed = sorted(allowed)
     near = [c for c in (local or []) if c in set(allowed)]
     load = near or allowed
-    turn = load[-TURN_CPUS:]  # the last ones: CPU 0 and its neighbours take most interrupts
+    turn, cores = [], set()
+    for cpu in reversed(load):
+        if len(turn) < TURN_CPUS and core(cpu) not in cores:
+            turn.append(cpu)
+            cores.add(core(cpu))
+    turn.sort()
     where = "the GPU's local CPUs" if near else "every CPU allowed (the GPU's local CPUs unknown)"
-    return load, turn, f"workers load on {len(load)} CPUs ({where}); each timed run on CPUs {turn}"
+    return load, turn, f"workers load on {len(load)} CPUs ({where}); each timed run on CPUs {turn}, one a core"
 
 
 def pin(cpus):

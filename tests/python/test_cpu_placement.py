@@ -63,6 +63,32 @@ class Plan(unittest.TestCase):
         load, turn, _ = cpu_placement.plan({0, 1, 8, 9}, [8, 9, 10, 11])
         self.assertEqual((load, turn), ([8, 9], [8, 9]))
 
+    def test_one_cpu_a_core(self):
+        def apart(cpu):  # CPUs n and n + 8 are one core's two threads
+            return cpu % 8
+
+        def neighbours(cpu):  # CPUs 2n and 2n + 1 share a core
+            return cpu - cpu % 2
+
+        load, turn, _ = cpu_placement.plan(set(range(16)), None, apart)
+        self.assertEqual(turn, [12, 13, 14, 15])
+        load, turn, _ = cpu_placement.plan(set(range(16)), None, neighbours)
+        self.assertEqual(turn, [9, 11, 13, 15])
+        load, turn, _ = cpu_placement.plan({6, 7}, None, neighbours)
+        self.assertEqual(turn, [7])
+
+
+class CoreOf(unittest.TestCase):
+    def test_siblings_from_sysfs_or_the_cpu_itself(self):
+        root = tempfile.mkdtemp()
+        for cpu, siblings in ((3, "2-3\n"), (5, "bad")):
+            os.makedirs(os.path.join(root, f"cpu{cpu}", "topology"))
+            with open(os.path.join(root, f"cpu{cpu}", "topology", "thread_siblings_list"), "w") as f:
+                f.write(siblings)
+        self.assertEqual(cpu_placement.core_of(3, root), 2)
+        self.assertEqual(cpu_placement.core_of(5, root), 5)
+        self.assertEqual(cpu_placement.core_of(7, root), 7)
+
 
 PIN_CHILD = """
 import os, sys, threading
