@@ -54,7 +54,7 @@ def plan(allowed, local, core=core_of):
     """(CPUs to load on, CPUs for each timed run, what was chosen) from the CPUs this process may
     use and the GPU's local ones (None: unknown). A timed run gets one CPU of each of the last
     cores (CPU 0 and its neighbours take most interrupts), so that vmmarena's unmapping thread
-    never shares a core with the thread it works beside."""
+    need not share a core with the thread it works beside."""
     allowed = sorted(allowed)
     near = [c for c in (local or []) if c in set(allowed)]
     load = near or allowed
