@@ -1,10 +1,10 @@
 """Where the benchmark's worker processes run on the host.
 
-Timed runs of one mode differ from run to run by far more than the allocators do. On the H100
-machine (2026-12-05, docs/benchmarks.md, "Nineteenth session") slow and fast runs mostly
-alternated from one worker process to the next, in execution order (lag-1 autocorrelation 0.05
-to 0.19 in four of five time steps; one drifted, 0.85), as if each process drew its host speed
-when it started: which cores, which memory node. So every worker is kept on the CPUs next to
+Timed runs of one mode differ from run to run by far more than the allocators do. On the GPU
+machines (docs/benchmarks.md, "Nineteenth session") slow and fast runs mostly alternated from
+one worker process to the next, in execution order (lag-1 autocorrelation of the runs' times
+-0.24 to 0.30 in 11 of 13 time steps; two drifted, 0.58 and 0.72), as if each process drew its
+host speed when it started: which cores, which memory node. So every worker is kept on the CPUs next to
 the GPU (its NUMA node, from sysfs) while it loads, and each timed run on the same few of them,
 so that the modes compared draw alike. Whether that narrows the spread is for the next GPU run
 to show (--no-pin runs without it).
