@@ -56,13 +56,15 @@ def plan(allowed, local, core=core_of):
     cores (CPU 0 and its neighbours take most interrupts), so that vmmarena's unmapping thread
     need not share a core with the thread it works beside."""
     allowed = sorted(allowed)
-    near = [c for c in (local or []) if c in set(allowed)]
+    usable = set(allowed)
+    near = [c for c in (local or []) if c in usable]
     load = near or allowed
     turn, cores = [], set()
     for cpu in reversed(load):
-        if len(turn) < TURN_CPUS and core(cpu) not in cores:
+        c = core(cpu)
+        if len(turn) < TURN_CPUS and c not in cores:
             turn.append(cpu)
-            cores.add(core(cpu))
+            cores.add(c)
     turn.sort()
     where = "the GPU's local CPUs" if near else "every CPU allowed (the GPU's local CPUs unknown)"
     return load, turn, f"workers load on {len(load)} CPUs ({where}); each timed run on CPUs {turn}, one a core"
