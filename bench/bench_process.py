@@ -45,7 +45,10 @@ modes' order reversed in every other round (so no mode is always first): a mode'
 its fastest round and its peak its highest, and the table lists every round's time, the
 median's ratio to native's median and the paired ratio: the median over rounds of the mode's
 time over native's in the same round (a slow stretch of the machine weighs on both), with the
-range of the rounds' ratios, also per phase of a step. The JSON keeps every round's time,
+range of the rounds' ratios, also per phase of a step; from three rounds the check lines add
+the ratios' geometric mean and its 95% interval, which says whether the rounds tell the mode
+from native at all (paired_stats.py, which also pools the rounds of several calls' JSON files).
+Where expandable did not run, "below expandable" is a SKIP line. The JSON keeps every round's time,
 phases and driver calls. The first timed run of a call is the slowest (the device and the host
 warm up), so a call begins with one untimed native run of the first catalog (--no-burn-in
 leaves it out).
@@ -75,6 +78,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_torch  # noqa: E402  (StepSeries, wait_for_turn, machine)
 import cpu_placement  # noqa: E402  (the workers' CPUs)
+from paired_stats import interval, interval_text, paired, paired_text, round_ratios  # noqa: E402
 import record_trace  # noqa: E402  (library and package lookup)
 import torch_workload  # noqa: E402  (the catalogs)
 
@@ -303,31 +307,6 @@ def merge_round(by_mode, r):
             old[key] = max(old[key], r[key])
 
 
-def round_ratios(r, native, key=lambda x: x["warmup_s"]):
-    """This mode's time over native's in the same round, for every round both ran (rounds run
-    side by side, so a slow stretch of the machine weighs on both)."""
-    if not native or "by_round" not in r or "by_round" not in native:
-        return []
-    return [key(x) / key(native["by_round"][k]) for k, x in r["by_round"].items()
-            if k in native["by_round"] and key(native["by_round"][k])]
-
-
-def paired(r, native, key=lambda x: x["warmup_s"]):
-    """The median of round_ratios, or None."""
-    got = round_ratios(r, native, key)
-    return statistics.median(got) if got else None
-
-
-def paired_text(r, native, key=lambda x: x["warmup_s"]):
-    """The paired ratio and, over several rounds, the range of the rounds' ratios: a range
-    across 1.00x says the rounds' spread is larger than the difference."""
-    got = round_ratios(r, native, key)
-    if not got:
-        return "-"
-    spread = f" ({min(got):.2f}-{max(got):.2f})" if min(got) < max(got) else ""
-    return f"{statistics.median(got):.2f}x{spread}"
-
-
 def attach_logit_diffs(jobs, results):
     import torch
 
@@ -385,7 +364,7 @@ def report_catalog(name, modes):
         if base_mode(mode) not in PROCESS_MODES or not live:
             continue
         c = {"catalog": name, "mode": mode, "ratio": r["peak_bytes"] / live,
-             "below_expandable": expandable is not None and r["peak_bytes"] < expandable["peak_bytes"],
+             "below_expandable": None if expandable is None else r["peak_bytes"] < expandable["peak_bytes"],
              "paired_vs_native": paired(r, native)}
         # the paired ratio where rounds were paired, else the fastest round against native's
         c["time_le_native"] = native is not None and (c["paired_vs_native"] <= 1.0 if c["paired_vs_native"] is not None
@@ -393,9 +372,15 @@ def report_catalog(name, modes):
         checks.append(c)
         print(f"{'PASS' if c['ratio'] <= TARGET else 'MISS'} {name} {mode}: peak {c['ratio']:.3f}x the live bytes "
               f"<= {TARGET}x (goal {GOAL}x: {'met' if c['ratio'] <= GOAL else 'not met'})")
-        print(f"{'PASS' if c['below_expandable'] else 'MISS'} {name} {mode}: peak below expandable")
+        if expandable is None:
+            print(f"SKIP {name} {mode}: peak below expandable (expandable not run)")
+        else:
+            print(f"{'PASS' if c['below_expandable'] else 'MISS'} {name} {mode}: peak below expandable")
         c["round_ratios"] = round_ratios(r, native)
+        c["paired_interval"] = interval(c["round_ratios"])
         pairing = "" if c["paired_vs_native"] is None else f", paired with native's rounds {paired_text(r, native)}"
+        if len(c["round_ratios"]) >= 3:
+            pairing += f"; {interval_text(c['round_ratios'])}"
         print(f"{'PASS' if c['time_le_native'] else 'MISS'} {name} {mode}: warmup no slower than native "
               f"(fastest {r['warmup_s']:.2f} s{pairing})")
     return checks
