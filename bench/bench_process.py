@@ -78,7 +78,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_torch  # noqa: E402  (StepSeries, wait_for_turn, machine)
 import cpu_placement  # noqa: E402  (the workers' CPUs)
-from paired_stats import interval, interval_text, paired, paired_text, round_ratios  # noqa: E402
+from paired_stats import KEYS, interval, interval_text, paired, paired_text, round_ratios  # noqa: E402
 import record_trace  # noqa: E402  (library and package lookup)
 import torch_workload  # noqa: E402  (the catalogs)
 
@@ -356,7 +356,7 @@ def report_catalog(name, modes):
               "rounds; system time and the times the kernel took the CPU away, median over rounds:")
         for mode, r in modes.items():
             rounds = list(r["by_round"].values())
-            print(f"  {mode}: {paired_text(r, native, lambda x: x['cpu_s'])}; system "
+            print(f"  {mode}: {paired_text(r, native, KEYS['cpu'])}; system "
                   f"{statistics.median(x['system_s'] for x in rounds):.2f} s; "
                   f"preempted {statistics.median(x['preempted'] for x in rounds):.0f}")
     checks = []

@@ -5,7 +5,8 @@ their median and range, and the geometric mean with its 95% interval (Student's 
 logarithms), which says whether the rounds can tell a mode from native at all.
 
 Run as a script, it pools the rounds of several bench_process.py JSON files (each round paired
-with native's round in the same file), per device, catalog and mode:
+with native's round in the same file; a file may also hold a list of such results), per device,
+catalog and mode:
 
   paired_stats.py A.json B.json ... [--key warmup|cpu]
 """
@@ -15,17 +16,17 @@ import math
 import statistics
 import sys
 
-KEYS = {"warmup": lambda x: x["warmup_s"], "cpu": lambda x: x["cpu_s"]}
+KEYS = {"warmup": lambda x: x.get("warmup_s"), "cpu": lambda x: x.get("cpu_s")}  # None where not measured
 # Two-sided 95% quantiles of Student's t where the expansion below is too coarse.
 T975_SMALL_DF = {1: 12.706, 2: 4.303, 3: 3.182}
 
 
 def round_ratios(r, native, key=KEYS["warmup"]):
-    """This mode's time over native's in the same round, for every round both ran."""
+    """This mode's time over native's in the same round, for every round both ran and measured."""
     if not native or "by_round" not in r or "by_round" not in native:
         return []
-    return [key(x) / key(native["by_round"][k]) for k, x in r["by_round"].items()
-            if k in native["by_round"] and key(native["by_round"][k])]
+    pairs = ((key(x), key(native["by_round"][k])) for k, x in r["by_round"].items() if k in native["by_round"])
+    return [mine / theirs for mine, theirs in pairs if mine is not None and theirs]
 
 
 def paired(r, native, key=KEYS["warmup"]):
@@ -100,14 +101,18 @@ def pool(documents, key=KEYS["warmup"]):
 
 
 def load(path):
+    """The results in one file: bench_process.py's output, or a list of such (an archive of calls)."""
     try:
         with open(path) as f:
             doc = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise SystemExit(f"{path}: not a readable benchmark result ({e})")
-    if not isinstance(doc, dict) or not isinstance(doc.get("runs"), dict):
-        raise SystemExit(f"{path}: no 'runs' object (is it bench_process.py's output?)")
-    return doc
+    docs = doc if isinstance(doc, list) else [doc]
+    for i, d in enumerate(docs):
+        if not isinstance(d, dict) or not isinstance(d.get("runs"), dict):
+            where = f" (item {i})" if isinstance(doc, list) else ""
+            raise SystemExit(f"{path}{where}: no 'runs' object (is it bench_process.py's output?)")
+    return docs
 
 
 def main(argv=None):
@@ -115,10 +120,12 @@ def main(argv=None):
     parser.add_argument("results", nargs="+", help="bench_process.py JSON files")
     parser.add_argument("--key", choices=sorted(KEYS), default="warmup", help="the warmup's wall time or CPU time")
     args = parser.parse_args(argv)
-    pooled = pool([load(p) for p in args.results], KEYS[args.key])
+    documents = [d for p in args.results for d in load(p)]
+    pooled = pool(documents, KEYS[args.key])
     if not pooled:
         raise SystemExit("no mode ran beside native in the same rounds in these files")
-    print(f"{args.key} time over native's in the same round, pooled over {len(args.results)} file(s)\n")
+    print(f"{args.key} time over native's in the same round, pooled over {len(documents)} result(s) "
+          f"in {len(args.results)} file(s)\n")
     print("| device | catalog | mode | rounds | median (range) | geometric mean | 95% interval | verdict |")
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | --- |")
     for (device, catalog, mode), got in sorted(pooled.items()):

@@ -110,8 +110,35 @@ class Script(unittest.TestCase):
         self.assertIn("| H100 | default | process | 4 | 0.91x (0.89-0.92) | 0.905x |", out.getvalue())
         self.assertIn("| faster |", out.getvalue())
 
+    def test_a_list_of_results_pools_like_separate_files(self):
+        a = result("H100", "default", [1.0, 1.0], {"process": [0.9, 1.1]})
+        b = result("H100", "default", [2.0], {"process": [1.0]})
+        together, apart = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(together):
+            paired_stats.main([self.write([a, b])])
+        with contextlib.redirect_stdout(apart):
+            paired_stats.main([self.write(a), self.write(b)])
+        self.assertIn("| H100 | default | process | 3 | 0.90x (0.50-1.10) |", together.getvalue())
+        self.assertEqual(together.getvalue().splitlines()[2:], apart.getvalue().splitlines()[2:])
+
+    def test_rounds_without_the_key_are_left_out(self):
+        a = result("H100", "default", [1.0, 1.0], {"process": [0.9, 1.1]})
+        del a["runs"]["default"]["process"]["by_round"]["1"]["cpu_s"]
+        self.assertEqual(paired_stats.pool([a], paired_stats.KEYS["cpu"])[("H100", "default", "process")], [0.9])
+
+    def test_the_kept_rounds_of_the_h100_sessions(self):
+        archive = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "gpu-runs", "2026-12-05-h100-rounds.json")
+        pooled = paired_stats.pool(paired_stats.load(archive))
+        counts = {(c, m): len(v) for (_, c, m), v in pooled.items() if m in ("process", "process-retain")}
+        self.assertEqual(counts, {("ascending", "process"): 21, ("ascending", "process-retain"): 21,
+                                  ("default", "process"): 16, ("default", "process-retain"): 16,
+                                  ("shuffled110", "process"): 10, ("shuffled110", "process-retain"): 8,
+                                  ("smallpool", "process"): 34, ("smallpool", "process-retain"): 34})
+        self.assertEqual({d for d, _, _ in pooled}, {"NVIDIA H100 80GB HBM3"})
+
     def test_bad_files_are_refused_with_their_name(self):
-        for doc, why in (("{", "not a readable benchmark result"), ("[1]", "no 'runs' object"),
+        for doc, why in (("{", "not a readable benchmark result"), ("[1]", "(item 0): no 'runs' object"),
+                         ("3", "no 'runs' object"),
                          (json.dumps({"runs": {}}), "no mode ran beside native")):
             path = self.write(doc)
             with self.subTest(why=why), self.assertRaises(SystemExit) as caught:
