@@ -27,6 +27,7 @@ typedef struct plan {
   vmm_mapping *grow;      /* a pooled mapping taken whole that stays mapped where it is, or NULL */
   CUdeviceptr beside;     /* where the rest goes: right after grow or right before it */
   size_t beside_bytes;    /* the rest: the bytes of the other handles */
+  CUstream **split_uses;  /* for apart[i] split early: a copy of its uses, for the piece that retires */
 } plan;
 
 vmm_assembly_mode vmm_assembly_mode_for(const vmm_arena *a, vmm_kind kind) {
@@ -280,6 +281,26 @@ static vmm_status create_handles(vmm_arena *a, const vmm_request *req, vmm_handl
   return VMM_OK;
 }
 
+/* For each mapping taken apart early that gives only its first handles (it stays pooled with
+ * the rest), a copy of the streams record_stream added, for the piece that retires: that piece
+ * is still read through its own range by their work. -1 on host out of memory. */
+static int copy_split_uses(plan *p) {
+  for (size_t i = 0; i < p->n_apart; i++) {
+    const vmm_mapping *m = p->apart[i];
+    if (!m->early || m == p->grow || all_taken(m) || !m->use_count) continue;
+    if (!p->split_uses && !(p->split_uses = calloc(p->n_apart, sizeof *p->split_uses))) return -1;
+    if (!(p->split_uses[i] = malloc(m->use_count * sizeof **p->split_uses))) return -1;
+    memcpy(p->split_uses[i], m->uses, m->use_count * sizeof **p->split_uses);
+  }
+  return 0;
+}
+
+static void free_split_uses(plan *p) {
+  for (size_t i = 0; p->split_uses && i < p->n_apart; i++) free(p->split_uses[i]);
+  free(p->split_uses);
+  p->split_uses = NULL;
+}
+
 /* Unmaps the mappings taken apart, after waiting for their freeing streams (in whole-process
  * mode they are known complete already: no wait); those taken early, and in whole-process mode
  * a shared one taken whole, stay mapped: their ranges retire. */
@@ -291,7 +312,7 @@ static vmm_status unmap_apart(vmm_arena *a, plan *p) {
     if (a->cfg.caching && m->pool == VMM_POOL_SHARED && all_taken(m)) m->early = true;
     n_early += m->early && m != p->grow; /* the grown one stays mapped, but does not retire */
   }
-  if (n_early && (vmm_retiring_reserve(a, n_early) || vmm_pool_reserve(&a->store.pool, n_early)))
+  if (n_early && (vmm_retiring_reserve(a, n_early) || vmm_pool_reserve(&a->store.pool, n_early) || copy_split_uses(p)))
     return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for %zu retiring ranges", n_early);
   for (size_t i = 0; i < p->n_apart && !a->cfg.caching; i++) { /* whole-process mode: known complete */
     vmm_status st = vmm_wait_for_free(a, p->apart[i], "assembly", waited, &n_waited, 8);
@@ -315,9 +336,10 @@ static vmm_status unmap_apart(vmm_arena *a, plan *p) {
 }
 
 /* A mapping taken apart early (or whole): its range retires, whole, or, where it gave only its
- * first handles, the part of them, and the rest stays pooled in place. A shared one's retired
- * range keeps its handle list, to serve again (retiring.c). */
-static void retire_early(vmm_arena *a, vmm_mapping *m) {
+ * first handles, the part of them (with `uses`, the copy of its uses that copy_split_uses made),
+ * and the rest stays pooled in place. A shared one's retired range keeps its handle list, to
+ * serve again (retiring.c). */
+static void retire_early(vmm_arena *a, vmm_mapping *m, CUstream *uses) {
   uint32_t taken = 0;
   while (taken < m->handle_count && m->handles[taken]->taken) taken++;
   vmm_kind kind = m->kind;
@@ -326,7 +348,7 @@ static void retire_early(vmm_arena *a, vmm_mapping *m) {
   if (list) memcpy(list, m->handles, taken * sizeof *list);
   vmm_retiring_range range;
   if (taken < m->handle_count) {
-    vmm_mapping_split_off(a, m, taken, &range);
+    vmm_mapping_split_off(a, m, taken, uses, &range);
     m->chosen = m->early = false;
     (void)vmm_pool_push(&a->store.pool, m); /* a spare bucket was reserved */
   } else { /* every handle taken */
@@ -349,7 +371,8 @@ static void commit_apart(vmm_arena *a, plan *p) {
     }
     a->pooled_taken_apart++;
     if (m->early) {
-      retire_early(a, m);
+      retire_early(a, m, p->split_uses ? p->split_uses[i] : NULL);
+      if (p->split_uses) p->split_uses[i] = NULL; /* the retiring range's now */
       continue;
     }
     for (uint32_t j = 0; j < m->handle_count; j++)
@@ -604,6 +627,7 @@ vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode 
       if (steps[done].undo) steps[done].undo(a, &x);
   }
   vmm_unmapper_mapping(a, -1);
+  free_split_uses(&x.p);
   free(x.p.use);
   free(x.p.apart);
   free(x.created);

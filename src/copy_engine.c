@@ -82,6 +82,7 @@ struct vmm_copier {
   size_t touch_at[MAX_THREADS - 1]; /* where each worker touches now; SIZE_MAX: nowhere */
   char *buf[SLOTS];        /* pinned; NULL while released */
   CUstream stream[SLOTS];  /* made on first use, destroyed by stop */
+  int owed;                /* atomic: a copy whose last wait failed may still run on the streams */
 };
 
 /* ---- Errors ------------------------------------------------------------------------- */
@@ -478,8 +479,8 @@ static bool pump_to_host(vmm_copier *c, const plan *p, size_t chunk, vmm_copy_er
   for (int i = 0; i < SLOTS && ok && next < total; i++) ok = queue(c, p, i, chunk, &next, at, len, busy, err);
   while (ok && (busy[d] || posted)) {
     if (busy[d] && posted < depth) {
+      if (!(ok = sync_slot(c, d, at[d], len[d], err))) break; /* still busy: waited for again below */
       busy[d] = false;
-      if (!(ok = sync_slot(c, d, at[d], len[d], err))) break;
       post(c, p, at[d], len[d], c->buf[d]);
       posted++, d = (d + 1) % SLOTS;
     } else {
@@ -492,7 +493,7 @@ static bool pump_to_host(vmm_copier *c, const plan *p, size_t chunk, vmm_copy_er
   for (; posted; posted--) finish(c);
   touch_end(c);
   for (int i = 0; i < SLOTS; i++)
-    if (busy[i]) (void)sync_slot(c, i, at[i], len[i], NULL);
+    if (busy[i] && !sync_slot(c, i, at[i], len[i], NULL)) __atomic_store_n(&c->owed, 1, __ATOMIC_RELEASE);
   return ok;
 }
 
@@ -503,8 +504,8 @@ static bool pump_to_device(vmm_copier *c, const plan *p, size_t chunk, vmm_copy_
   for (size_t next = 0, k = 0; ok && next < total; k++) {
     int i = (int)(k % SLOTS);
     if (busy[i]) {
+      if (!(ok = sync_slot(c, i, at[i], len[i], err))) break; /* still busy: waited for again below */
       busy[i] = false;
-      if (!(ok = sync_slot(c, i, at[i], len[i], err))) break;
     }
     size_t n = total - next < chunk ? total - next : chunk;
     post(c, p, next, n, c->buf[i]);
@@ -514,6 +515,7 @@ static bool pump_to_device(vmm_copier *c, const plan *p, size_t chunk, vmm_copy_
   for (int i = 0; i < SLOTS; i++) { /* the last copies; the first failure is the one reported */
     if (!busy[i]) continue;
     bool done = sync_slot(c, i, at[i], len[i], ok ? err : NULL);
+    if (!done) __atomic_store_n(&c->owed, 1, __ATOMIC_RELEASE);
     ok = ok && done;
   }
   return ok;
@@ -545,16 +547,45 @@ bool vmm_copier_run(vmm_arena *a, const vmm_copy_segment *seg, size_t n, bool to
   return ok;
 }
 
+CUresult vmm_copier_settle(vmm_arena *a) {
+  vmm_copier *c = a->copier;
+  if (!c || !__atomic_load_n(&c->owed, __ATOMIC_ACQUIRE)) return CUDA_SUCCESS;
+  for (int i = 0; i < SLOTS; i++) {
+    CUresult r = c->stream[i] ? VMM_DRV(a, stream_synchronize, c->stream[i]) : CUDA_SUCCESS;
+    if (r != CUDA_SUCCESS) return r;
+  }
+  __atomic_store_n(&c->owed, 0, __ATOMIC_RELEASE);
+  return CUDA_SUCCESS;
+}
+
+/* Waits for stream s of the allocation at base unless it is among seen[0, *n) (added while
+ * there is room for `cap`). */
+static bool wait_once(vmm_arena *a, CUstream s, CUdeviceptr base, CUstream *seen, size_t *n, size_t cap,
+                      vmm_copy_error *err) {
+  for (size_t i = 0; i < *n; i++)
+    if (seen[i] == s) return true;
+  CUresult r = VMM_DRV(a, stream_synchronize, s);
+  if (r != CUDA_SUCCESS) {
+    vmm_copy_error_set(err, r, VMM_DRV_stream_synchronize, "synchronizing stream %p (of the allocation at 0x%llx)",
+                       (void *)s, (unsigned long long)base);
+    return false;
+  }
+  if (*n < cap) seen[(*n)++] = s;
+  return true;
+}
+
 bool vmm_copier_wait_streams(vmm_arena *a, vmm_mapping *const *list, size_t n, vmm_copy_error *err) {
-  for (size_t i = 0; i < n; i++) {
-    bool seen = false;
-    for (size_t j = 0; j < i && !seen; j++) seen = list[j]->stream == list[i]->stream;
-    CUresult r = seen ? CUDA_SUCCESS : VMM_DRV(a, stream_synchronize, list[i]->stream);
-    if (r != CUDA_SUCCESS) {
-      vmm_copy_error_set(err, r, VMM_DRV_stream_synchronize, "synchronizing stream %p (of the allocation at 0x%llx)",
-                         (void *)list[i]->stream, (unsigned long long)list[i]->base);
-      return false;
-    }
+  CUstream seen[16];
+  size_t n_seen = 0, cap = sizeof seen / sizeof seen[0];
+  for (size_t i = 0; i < n; i++) { /* its stream, those record_stream added, its slots' other streams */
+    const vmm_mapping *m = list[i];
+    bool ok = wait_once(a, m->stream, m->base, seen, &n_seen, cap, err);
+    for (uint32_t k = 0; ok && k < m->use_count; k++) ok = wait_once(a, m->uses[k], m->base, seen, &n_seen, cap, err);
+    for (const vmm_slot_wait *w = m->page ? m->page->uses : NULL; ok && w; w = w->next)
+      ok = wait_once(a, w->stream, m->base, seen, &n_seen, cap, err);
+    for (const vmm_slot_wait *w = m->page ? m->page->set->waits : NULL; ok && w; w = w->next) /* freed slots' */
+      if (w->page == m->page) ok = wait_once(a, w->stream, m->base, seen, &n_seen, cap, err);
+    if (!ok) return false;
   }
   return true;
 }

@@ -224,8 +224,11 @@ VMM_INTERNAL vmm_status vmm_mapping_retire(vmm_arena *a, vmm_mapping *m, bool re
 struct vmm_retiring_range;
 VMM_INTERNAL void vmm_mapping_hand_over(vmm_arena *a, vmm_mapping *m, struct vmm_retiring_range *range);
 /* Pooled m (out of the pool) gave its first k handles to an assembly: they leave m, whose
- * range now starts after them; *range is the part before, for vmm_retiring_add. */
-VMM_INTERNAL void vmm_mapping_split_off(vmm_arena *a, vmm_mapping *m, uint32_t k, struct vmm_retiring_range *range);
+ * range now starts after them; *range is the part before, for vmm_retiring_add, its work m's
+ * free with `uses` (the caller's copy of m's uses, which the range then owns; NULL when m has
+ * none). */
+VMM_INTERNAL void vmm_mapping_split_off(vmm_arena *a, vmm_mapping *m, uint32_t k, CUstream *uses,
+                                        struct vmm_retiring_range *range);
 /* POOLED m (out of the pool) gives its handles [first, first + count), fewer than all, their own
  * record in place, returned: m itself where first is 0, else a new one after m, which keeps the
  * handles before. Those after become a POOLED record of their own in *after (NULL if none).
@@ -483,6 +486,7 @@ struct vmm_arena {
   bool destroying;             /* vmm_arena_destroy is running: failures are logged, not kept */
 
   vmm_scope_state scope;
+  bool scope_finishing;        /* vmm_retention_finish is giving the scope's memory back */
   uint64_t scope_id, next_scope_id;
   vmm_id_set aborted_scopes;
   uint64_t epoch;              /* raised by every quiesce */
@@ -861,8 +865,12 @@ VMM_INTERNAL void vmm_copier_end_turn(vmm_arena *a);
  * again after the next copy). Returns true, or false with *err filled (everything it started
  * is finished; the host side is partly written). */
 VMM_INTERNAL bool vmm_copier_run(vmm_arena *a, const vmm_copy_segment *seg, size_t n, bool to_host, vmm_copy_error *err);
+/* Arena lock held, before an unmap: waits for the copy streams where a copy's last wait failed
+ * (its copies may still read or write the memory); a failed wait is returned and stays owed. */
+VMM_INTERNAL CUresult vmm_copier_settle(vmm_arena *a);
 /* Without the arena lock: waits for the work in flight on the allocations' streams (once per
- * stream), which may still use their memory. Returns true, or false with *err filled. */
+ * stream): each one's own, those record_stream added, and a page's slots' other streams, which
+ * may still use their memory. Returns true, or false with *err filled. */
 VMM_INTERNAL bool vmm_copier_wait_streams(vmm_arena *a, vmm_mapping *const *list, size_t n, vmm_copy_error *err);
 /* Stops the threads and releases the staging and the streams (destroy). */
 VMM_INTERNAL void vmm_copier_stop(vmm_arena *a);

@@ -213,7 +213,14 @@ void vmm_mapping_end_moving(vmm_arena *a, vmm_mapping *m) {
 /* ---- Retire -------------------------------------------------------------------------- */
 
 vmm_status vmm_mapping_unmap(vmm_arena *a, vmm_mapping *m, const char *what) {
-  CUresult r = VMM_DRV(a, mem_unmap, m->base, m->extent);
+  CUresult r = vmm_copier_settle(a); /* a pause's copy whose wait failed may still touch it */
+  if (r != CUDA_SUCCESS) {
+    char b[32];
+    return vmm_fail_driver(a, r, VMM_DRV_stream_synchronize, "%s: waiting for an earlier pause or resume's copies "
+                           "before unmapping %s %s at 0x%llx", what, vmm_kind_name(m->kind),
+                           vmm_fmt_bytes(m->extent, b), (unsigned long long)m->base);
+  }
+  r = VMM_DRV(a, mem_unmap, m->base, m->extent);
   if (r != CUDA_SUCCESS) {
     char b[32];
     return vmm_fail_driver(a, r, VMM_DRV_mem_unmap, "%s: unmapping %s %s at 0x%llx", what, vmm_kind_name(m->kind),
@@ -251,10 +258,11 @@ static size_t handle_bytes(const vmm_mapping *m, uint32_t from, uint32_t to) {
   return bytes;
 }
 
-void vmm_mapping_split_off(vmm_arena *a, vmm_mapping *m, uint32_t k, vmm_retiring_range *range) {
+void vmm_mapping_split_off(vmm_arena *a, vmm_mapping *m, uint32_t k, CUstream *uses, vmm_retiring_range *range) {
   size_t size = handle_bytes(m, 0, k);
-  vmm_assert(k > 0 && k < m->handle_count);
-  *range = (vmm_retiring_range){m->base, size, m->reservation, m->pool, {m->stream, NULL, 0, m->free_epoch, m->free_seq}};
+  vmm_assert(k > 0 && k < m->handle_count && (uses || !m->use_count));
+  *range = (vmm_retiring_range){m->base, size, m->reservation, m->pool,
+                                {m->stream, uses, uses ? m->use_count : 0, m->free_epoch, m->free_seq}};
   vmm_stat_add(a, m->kind, m->state, m->extent, -1);
   vmm_table_remove(&a->table, m->base);
   memmove(m->handles, m->handles + k, (m->handle_count - k) * sizeof *m->handles);

@@ -48,7 +48,10 @@ static vmm_status finish_locked(vmm_arena *a) {
   if (a->scope != VMM_SCOPE_ACTIVE) return scope_error(a, "vmm_retention_finish");
   if (vmm_pool_check(&a->store.pool, why, sizeof why))
     return vmm_fail(a, VMM_ERR_SCOPE_STATE, "vmm_retention_finish: pool is inconsistent, nothing touched: %s", why);
-  if ((st = vmm_drain_all(a, "vmm_retention_finish")) != VMM_OK) return st;
+  a->scope_finishing = true;
+  st = vmm_drain_all(a, "vmm_retention_finish");
+  a->scope_finishing = false;
+  if (st != VMM_OK) return st;
   a->scope = VMM_SCOPE_NONE;
   a->scopes_finished++;
   return VMM_OK;

@@ -26,6 +26,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fake_timeline.h"
+
 #define MIB ((size_t)1 << 20)
 #define GIB ((size_t)1 << 30)
 #define FAKE_VA_BASE 0x7f0000000000ull
@@ -268,6 +270,8 @@ typedef struct handle {
   int device;
   int released;
   size_t mappings;
+  unsigned long long id;
+  tl_records *acc;        /* device accesses of its memory (fake_timeline.c) */
   unsigned char **chunks; /* contents in FAKE_CHUNK pieces, each allocated on its first write
                              of a non-zero byte; a NULL piece (or list) reads as zeros */
 } handle;
@@ -445,6 +449,7 @@ static uintptr_t prop_device(const CUmemAllocationProp *prop) { return prop ? (u
 
 static void free_handle(handle *h) {
   fk.physical_used[h->device] -= h->size;
+  tl_forget(&h->acc);
   if (h->chunks)
     for (size_t i = 0; i < (h->size + FAKE_CHUNK - 1) / FAKE_CHUNK; i++) free(h->chunks[i]);
   free(h->chunks);
@@ -523,6 +528,27 @@ static CUresult copy_mapped(CUdeviceptr ptr, void *host, size_t n, int to_device
   return CUDA_SUCCESS;
 }
 
+/* A device access of [ptr, ptr + n) by `owner` on `stream`, handed to the timeline piece by
+ * piece (one piece per mapping); -1, a violation, where some byte is not mapped. */
+static int access_range(CUstream stream, CUdeviceptr ptr, size_t n, uint64_t owner, const char *what) {
+  enum { MAX_PIECES = 64 };
+  tl_piece p[MAX_PIECES];
+  size_t count = 0;
+  for (CUdeviceptr at = ptr, end = ptr + n; at < end;) {
+    mapping *m = mapping_containing(at);
+    if (!m) {
+      tl_violation(FAKE_VIOLATION_UNMAPPED_ACCESS, "a %s of owner %llu on stream %p touches unmapped 0x%llx (of 0x%llx+%zu)",
+                   what, (unsigned long long)owner, (void *)stream, (unsigned long long)at, (unsigned long long)ptr, n);
+      return -1;
+    }
+    size_t off = (size_t)(at - m->node.key), len = m->size - off < end - at ? m->size - off : end - at;
+    p[count++] = (tl_piece){&m->handle->acc, off, len, at, m->handle->id};
+    at += len;
+    if (count == MAX_PIECES || at == end) tl_access(stream, owner, what, p, count), count = 0;
+  }
+  return 0;
+}
+
 static void remove_mapping(mapping *m) {
   fk.mappings = avl_remove(fk.mappings, m->node.key);
   m->reservation->mappings--;
@@ -541,10 +567,15 @@ static int is_capturing(CUstream stream) { return hmap_get(&fk.capturing, (uintp
 /* Work on `stream` is misuse while it captures, and on the legacy stream while any
  * stream captures (it would synchronize with the capture). */
 static CUresult check_stream_usable(CUstream stream) {
-  if (is_capturing(stream))
+  if (is_capturing(stream)) {
+    tl_violation(FAKE_VIOLATION_CAPTURE_SYNC, "%s on stream %p, which is capturing", entry_names[fk.entry],
+                 (void *)stream);
     return misuse(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "stream %p is capturing", (void *)stream);
-  if (is_legacy_stream(stream) && fk.capturing.count)
+  }
+  if (is_legacy_stream(stream) && fk.capturing.count) {
+    tl_violation(FAKE_VIOLATION_CAPTURE_SYNC, "%s on the legacy stream while a stream captures", entry_names[fk.entry]);
     return misuse(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "legacy stream used while a stream is capturing");
+  }
   return CUDA_SUCCESS;
 }
 
@@ -652,6 +683,7 @@ static CUresult do_primary_ctx_release(CUdevice device) {
     return misuse(CUDA_ERROR_INVALID_CONTEXT, "device %d released more often than retained", device);
   fk.retained[device]--;
   fk.ledger.primary_retained--;
+  tl_device_closed(device);
   return CUDA_SUCCESS;
 }
 
@@ -678,8 +710,12 @@ static CUresult do_ctx_pop_current(CUcontext *popped) {
 }
 
 static CUresult do_ctx_synchronize(void) {
-  if (fk.capturing.count) return misuse(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "a stream is capturing");
+  if (fk.capturing.count) {
+    tl_violation(FAKE_VIOLATION_CAPTURE_SYNC, "cuCtxSynchronize while a stream captures");
+    return misuse(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "a stream is capturing");
+  }
   fk.synced_at = fk.clock;
+  tl_ctx_synchronize();
   return CUDA_SUCCESS;
 }
 
@@ -747,6 +783,7 @@ static CUresult do_mem_create(CUmemGenericAllocationHandle *out, size_t size, co
   h->size = size;
   h->device = device;
   uint64_t id = next_id++;
+  h->id = id;
   hmap_put(&fk.handles, id, h);
   fk.physical_used[device] += size;
   fk.ledger.live_handles++;
@@ -758,6 +795,7 @@ static CUresult do_mem_create(CUmemGenericAllocationHandle *out, size_t size, co
 static CUresult do_mem_release(CUmemGenericAllocationHandle id) {
   handle *h = hmap_del(&fk.handles, id);
   if (!h) return misuse(CUDA_ERROR_INVALID_VALUE, "unknown or released handle %llu", (unsigned long long)id);
+  tl_release(&h->acc, h->id, h->size, h->device);
   h->released = 1;
   fk.ledger.released_mapped_bytes += h->mappings * h->size;
   fk.ledger.live_handles--;
@@ -804,6 +842,7 @@ static CUresult do_mem_unmap(CUdeviceptr ptr, size_t size) {
   if (r != CUDA_SUCCESS) return r;
   for (CUdeviceptr end = ptr + size; m;) {
     CUdeviceptr next = m->node.key + m->size;
+    tl_unmap(&m->handle->acc, m->node.key, m->size, m->handle->id);
     remove_mapping(m);
     m = next < end ? find_mapping(next) : NULL;
   }
@@ -870,6 +909,7 @@ static CUresult do_event_create(CUevent *event) {
 static CUresult do_event_destroy(CUevent event) {
   if (!hmap_del(&fk.events, (uintptr_t)event))
     return misuse(CUDA_ERROR_INVALID_HANDLE, "unknown event %p", (void *)event);
+  tl_event_destroy(event);
   fk.ledger.live_events--;
   return CUDA_SUCCESS;
 }
@@ -935,7 +975,9 @@ static CUresult do_mem_cpy_async(CUdeviceptr ptr, void *host, size_t n, CUstream
   host_alloc *ha = (host_alloc *)avl_floor(fk.host_allocs, (uintptr_t)host);
   if (!ha || (uintptr_t)host - ha->node.key > ha->size || n > ha->size - ((uintptr_t)host - ha->node.key))
     return misuse(CUDA_ERROR_INVALID_VALUE, "asynchronous copy of %zu B at %p: not inside pinned memory", n, host);
-  return copy_mapped(ptr, host, n, to_device);
+  r = copy_mapped(ptr, host, n, to_device);
+  if (r == CUDA_SUCCESS) access_range(stream, ptr, n, 0, "copy");
+  return r;
 }
 
 static CUresult drv_init(unsigned int flags) { FAKE_CALL(init, flags, 0, do_init(flags)); }
@@ -1000,7 +1042,7 @@ static CUresult drv_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAcce
 /* The fake has one queue: a stream's synchronize completes everything issued so far. */
 static CUresult do_stream_synchronize(CUstream stream) {
   CUresult r = check_stream_usable(stream);
-  if (r == CUDA_SUCCESS) fk.synced_at = fk.clock;
+  if (r == CUDA_SUCCESS) fk.synced_at = fk.clock, tl_stream_synchronize(stream);
   return r;
 }
 static CUresult drv_stream_synchronize(CUstream stream) {
@@ -1009,9 +1051,14 @@ static CUresult drv_stream_synchronize(CUstream stream) {
 static CUresult drv_stream_is_capturing(CUstream stream, CUstreamCaptureStatus *status) {
   FAKE_CALL(stream_is_capturing, stream, 0, do_stream_is_capturing(stream, status));
 }
+static CUresult do_stream_wait_event(CUstream stream, CUevent event) {
+  CUresult r = check_event_and_stream(stream, event);
+  if (r == CUDA_SUCCESS) tl_stream_wait_event(stream, event);
+  return r;
+}
 static CUresult drv_stream_wait_event(CUstream stream, CUevent event, unsigned int flags) {
   (void)flags;
-  FAKE_CALL(stream_wait_event, stream, event, check_event_and_stream(stream, event));
+  FAKE_CALL(stream_wait_event, stream, event, do_stream_wait_event(stream, event));
 }
 static CUresult drv_event_create(CUevent *event, unsigned int flags) {
   FAKE_CALL(event_create, flags, 0, do_event_create(event));
@@ -1021,6 +1068,7 @@ static CUresult do_event_record(CUevent event, CUstream stream) {
   if (r == CUDA_SUCCESS) { /* the record's clock replaces the last one */
     hmap_del(&fk.events, (uintptr_t)event);
     hmap_put(&fk.events, (uintptr_t)event, (void *)(uintptr_t)(fk.clock + 1));
+    tl_event_record(event, stream);
   }
   return r;
 }
@@ -1034,6 +1082,7 @@ static CUresult do_event_query(CUevent event) {
   if (fk.events_pending) return CUDA_ERROR_NOT_READY;
   uint64_t recorded = (uint64_t)(uintptr_t)hmap_get(&fk.events, (uintptr_t)event) - 1;
   int behind = recorded > fk.synced_at && fk.clock - recorded < fk.event_lag;
+  if (!behind) tl_event_completed(event);
   return behind ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 static CUresult drv_event_query(CUevent event) { FAKE_CALL(event_query, event, 0, SAFE(do_event_query(event))); }
@@ -1052,7 +1101,9 @@ static CUresult drv_host_memory_available(size_t *bytes) {
 }
 static CUresult do_mem_cpy(CUdeviceptr ptr, void *host, size_t n, int to_device) {
   CUresult r = check_stream_usable(NULL); /* a synchronous copy runs on the legacy stream */
-  return r != CUDA_SUCCESS ? r : copy_mapped(ptr, host, n, to_device);
+  if (r == CUDA_SUCCESS) r = copy_mapped(ptr, host, n, to_device);
+  if (r == CUDA_SUCCESS) access_range(NULL, ptr, n, 0, "copy"), tl_stream_synchronize(NULL);
+  return r;
 }
 static CUresult drv_mem_cpy_dtoh(void *dst, CUdeviceptr src, size_t bytes) {
   FAKE_CALL(mem_cpy_dtoh, src, bytes, do_mem_cpy(src, dst, bytes, 0));
@@ -1106,7 +1157,7 @@ static fake_options resolve_options(const fake_options *in) {
 static void free_mapping_node(avl *node) {
   mapping *m = (mapping *)node;
   handle *h = m->handle;
-  if (--h->mappings == 0 && h->released) free(h);
+  if (--h->mappings == 0 && h->released) tl_forget(&h->acc), free(h);
   free(m);
 }
 
@@ -1123,6 +1174,8 @@ const struct vmm_driver *fake_driver_reset(const fake_options *opts) {
   avl_free(fk.mappings, free_mapping_node); /* frees released handles; live ones go with the map */
   avl_free(fk.reservations, free_reservation_node);
   avl_free(fk.host_allocs, free_host_alloc_node);
+  for (size_t i = 0; i < fk.handles.cap; i++)
+    if (fk.handles.keys[i]) tl_forget(&((handle *)fk.handles.vals[i])->acc);
   hmap_free(&fk.handles, 1);
   hmap_free(&fk.events, 0);
   hmap_free(&fk.streams, 0);
@@ -1130,6 +1183,7 @@ const struct vmm_driver *fake_driver_reset(const fake_options *opts) {
   free(fk.log);
   unsigned generation = fk.generation;
   memset(&fk, 0, sizeof fk);
+  tl_reset();
   fk.generation = generation + 1;
   fk.opts = resolved;
   for (int d = 0; d < FAKE_MAX_DEVICES; d++) fk.capacity[d] = resolved.capacity;
@@ -1217,6 +1271,7 @@ void fake_advance_clock(uint64_t ops) {
 void fake_set_capturing(CUstream stream, int capturing) {
   if (is_legacy_stream(stream)) return; /* the legacy stream cannot capture */
   pthread_mutex_lock(&fk_lock);
+  tl_capture_state(stream, capturing);
   if (!capturing)
     hmap_del(&fk.capturing, (uintptr_t)stream);
   else if (!is_capturing(stream))
@@ -1245,7 +1300,10 @@ int fake_ledger_clean(void) {
             l.live_streams);
     if (l.errors) fprintf(stderr, "fake_driver: first misuse: %s\n", fake_first_error());
   }
-  return clean;
+  size_t violations = fake_violations(FAKE_VIOLATION_KINDS);
+  for (size_t i = 0; i < violations && fake_violation_text(i); i++)
+    fprintf(stderr, "fake_driver: timeline violation: %s\n", fake_violation_text(i));
+  return clean && !violations;
 }
 
 const char *fake_first_error(void) {
@@ -1307,4 +1365,68 @@ int fake_access_granted(CUdeviceptr ptr, int dev) {
   int granted = m && (m->access >> dev & 1u);
   pthread_mutex_unlock(&fk_lock);
   return granted;
+}
+
+/* ---- Device timeline ----------------------------------------------------------------- */
+
+uint64_t fake_owner_new(void) {
+  pthread_mutex_lock(&fk_lock);
+  uint64_t owner = tl_owner_new();
+  pthread_mutex_unlock(&fk_lock);
+  return owner;
+}
+
+int fake_kernel(CUstream stream, CUdeviceptr ptr, size_t n, uint64_t owner) {
+  pthread_mutex_lock(&fk_lock);
+  int rc = tl_capture_kernel(stream, ptr, n, owner) ? 0 : access_range(stream, ptr, n, owner, "kernel");
+  pthread_mutex_unlock(&fk_lock);
+  return rc;
+}
+
+void fake_program_wait(CUstream waiter, CUstream waited) {
+  pthread_mutex_lock(&fk_lock);
+  tl_program_wait(waiter, waited);
+  pthread_mutex_unlock(&fk_lock);
+}
+
+uint64_t fake_graph_last(void) {
+  pthread_mutex_lock(&fk_lock);
+  uint64_t graph = tl_last_graph();
+  pthread_mutex_unlock(&fk_lock);
+  return graph;
+}
+
+void fake_graph_launch(uint64_t graph, CUstream stream) {
+  pthread_mutex_lock(&fk_lock);
+  size_t n;
+  const tl_kernel *k = tl_graph(graph, &n);
+  for (size_t i = 0; i < n; i++) (void)access_range(stream, k[i].ptr, k[i].len, k[i].owner, "replayed kernel");
+  pthread_mutex_unlock(&fk_lock);
+}
+
+void fake_set_release_guard(int device, int (*forbids)(void *ctx), void *ctx) {
+  pthread_mutex_lock(&fk_lock);
+  tl_set_guard(device, forbids, ctx);
+  pthread_mutex_unlock(&fk_lock);
+}
+
+size_t fake_violations(fake_violation_kind kind) {
+  pthread_mutex_lock(&fk_lock);
+  size_t n = tl_violations(kind);
+  pthread_mutex_unlock(&fk_lock);
+  return n;
+}
+
+/* The text stays valid until the next reset. */
+const char *fake_violation_text(size_t i) {
+  pthread_mutex_lock(&fk_lock);
+  const char *text = tl_violation_text(i);
+  pthread_mutex_unlock(&fk_lock);
+  return text;
+}
+
+void fake_violations_clear(void) {
+  pthread_mutex_lock(&fk_lock);
+  tl_violations_clear();
+  pthread_mutex_unlock(&fk_lock);
 }

@@ -115,6 +115,41 @@ int fake_read(CUdeviceptr ptr, void *dst, size_t n);
 /* Whether device `dev` was given access to the mapping at ptr. */
 int fake_access_granted(CUdeviceptr ptr, int dev);
 
+/* ---- Device timeline (fake_timeline.c, fake_timeline.h says what it checks) ---------- */
+typedef enum fake_violation_kind {
+  FAKE_VIOLATION_REUSE,           /* an access not ordered after another owner's access of the same bytes */
+  FAKE_VIOLATION_UNMAP,           /* an unmap while an access through the range is not known complete */
+  FAKE_VIOLATION_RELEASE,         /* a release while an access of the handle is not known complete */
+  FAKE_VIOLATION_SCOPE_RELEASE,   /* a release inside a retaining scope, before finish */
+  FAKE_VIOLATION_CAPTURE_SYNC,    /* a synchronize, record or wait on a capturing stream */
+  FAKE_VIOLATION_UNMAPPED_ACCESS, /* an access of memory that is not mapped */
+  FAKE_VIOLATION_KINDS
+} fake_violation_kind;
+
+/* A fresh owner: the allocation a test's kernels belong to. */
+uint64_t fake_owner_new(void);
+/* A kernel of `owner` reading and writing [ptr, ptr + n) on `stream`, launched now; on a
+ * capturing stream it joins the graph being captured. Returns 0, or -1 where it touched
+ * unmapped memory (a violation). */
+int fake_kernel(CUstream stream, CUdeviceptr ptr, size_t n, uint64_t owner);
+/* The program orders `waiter` after the work queued on `waited` (an event it records and
+ * waits for itself, as torch's wait_stream). */
+void fake_program_wait(CUstream waiter, CUstream waited);
+/* The graph of the capture that ended last (fake_set_capturing(s, 0)), 0 if none. */
+uint64_t fake_graph_last(void);
+/* Launches a graph's kernels on `stream`, at the addresses they were captured at. */
+void fake_graph_launch(uint64_t graph, CUstream stream);
+/* A release on `device` is a violation while forbids(ctx) is non-zero (a retaining scope is
+ * active and not finishing). The guard goes when the device's primary context is released,
+ * at a reset, or with forbids NULL. */
+void fake_set_release_guard(int device, int (*forbids)(void *ctx), void *ctx);
+/* Violations so far of `kind` (FAKE_VIOLATION_KINDS: of every kind). */
+size_t fake_violations(fake_violation_kind kind);
+/* The text of the i-th violation (the first 32 are kept), or NULL. */
+const char *fake_violation_text(size_t i);
+/* Forgets the violations (a test that planted them, once it has checked them). */
+void fake_violations_clear(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -245,6 +245,7 @@ static void slices_at_odd_sizes(void **state) {
       vmm_copier_design = (vmm_copy_design)d;
       vmm_arena *a = arena(stagings[st], NULL);
       void *p = tu_alloc(a, AREA, VMM_KIND_PACKAGE, S1);
+      assert_int_equal(vmm_arena_quiesce(a), VMM_OK); /* the copies come after its use, as a pause orders them */
       vmm_copy_segment seg[ODD];
       for (size_t i = 0; i < ODD; i++) seg[i] = (vmm_copy_segment){dptr(p) + odd[i].dev, (char *)h + odd[i].host, odd[i].bytes};
       snprintf(what, sizeof what, "design %d, staging %s", d, stagings[st]);

@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <setjmp.h>
 #include <cmocka.h>
 
@@ -328,6 +329,134 @@ static void test_many_mappings(void **state) {
   assert_true(fake_ledger_clean());
 }
 
+/* ---- The device timeline: each violation fires on a planted bug, and not without it ---- */
+
+#define TS1 ((CUstream)(uintptr_t)0x5001)
+#define TS2 ((CUstream)(uintptr_t)0x5002)
+
+/* One handle of GRAIN mapped with access at a fresh reservation; its base in *va. */
+static CUmemGenericAllocationHandle mapped(CUdeviceptr *va) {
+  assert_int_equal(drv->mem_address_reserve(va, 4 * GRAIN, 0, 0, 0), CUDA_SUCCESS);
+  CUmemGenericAllocationHandle h = create(GRAIN);
+  assert_int_equal(drv->mem_map(*va, GRAIN, 0, h, 0), CUDA_SUCCESS);
+  CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  assert_int_equal(drv->mem_set_access(*va, GRAIN, &d, 1), CUDA_SUCCESS);
+  return h;
+}
+
+static void expect_violation(fake_violation_kind kind, const char *words) {
+  assert_int_equal(fake_violations(kind), 1);
+  assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 1);
+  if (!strstr(fake_violation_text(0), words)) fail_msg("\"%s\" lacks \"%s\"", fake_violation_text(0), words);
+  fake_violations_clear();
+}
+
+/* Memory handed to a new owner on another stream with no edge after the old owner's kernel. */
+static void test_timeline_reuse(void **state) {
+  (void)state;
+  CUdeviceptr va;
+  CUmemGenericAllocationHandle h = mapped(&va);
+  assert_int_equal(fake_kernel(TS1, va, 4096, 1), 0);
+  assert_int_equal(fake_kernel(TS2, va + 1024, 1024, 2), 0); /* planted: no order after TS1 */
+  expect_violation(FAKE_VIOLATION_REUSE, "kernel #2 of owner 2");
+  CUevent e;
+  assert_int_equal(drv->event_create(&e, 0), CUDA_SUCCESS);
+  assert_int_equal(fake_kernel(TS1, va, 4096, 3), 0); /* planted again: owner 2's kernel is not before it */
+  expect_violation(FAKE_VIOLATION_REUSE, "kernel #2 of owner 2");
+  assert_int_equal(drv->event_record(e, TS1), CUDA_SUCCESS); /* the allocator's order: TS2 after TS1 */
+  assert_int_equal(drv->stream_wait_event(TS2, e, 0), CUDA_SUCCESS);
+  assert_int_equal(fake_kernel(TS2, va, 4096, 4), 0);
+  assert_int_equal(fake_kernel(TS2, va, 4096, 4), 0); /* the same owner again: nothing to order */
+  assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 0);
+  assert_int_equal(drv->event_destroy(e), CUDA_SUCCESS);
+  assert_int_equal(drv->stream_synchronize(TS2), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_unmap(va, GRAIN), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_release(h), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_address_free(va, 4 * GRAIN), CUDA_SUCCESS);
+  assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 0);
+}
+
+/* An unmap before the host knows the kernel complete; an event the host saw complete, or a
+ * synchronize, teaches it. The same handle mapped elsewhere is the same memory. */
+static void test_timeline_unmap_and_release(void **state) {
+  (void)state;
+  CUdeviceptr va;
+  CUmemGenericAllocationHandle h = mapped(&va);
+  assert_int_equal(fake_kernel(TS1, va, GRAIN, 1), 0);
+  assert_int_equal(drv->mem_unmap(va, GRAIN), CUDA_SUCCESS); /* planted: no wait */
+  expect_violation(FAKE_VIOLATION_UNMAP, "kernel #1 of owner 1");
+  assert_int_equal(drv->mem_map(va + GRAIN, GRAIN, 0, h, 0), CUDA_SUCCESS); /* the handle elsewhere */
+  CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  assert_int_equal(drv->mem_set_access(va + GRAIN, GRAIN, &d, 1), CUDA_SUCCESS);
+  assert_int_equal(fake_kernel(TS2, va + GRAIN, GRAIN, 2), 0); /* the unmap was flagged: owner 1's access is gone */
+  assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 0);
+  assert_int_equal(drv->mem_release(h), CUDA_SUCCESS); /* planted: mapped, in use, no wait */
+  expect_violation(FAKE_VIOLATION_RELEASE, "kernel #2 of owner 2");
+  CUevent e;
+  assert_int_equal(drv->event_create(&e, 0), CUDA_SUCCESS);
+  assert_int_equal(drv->event_record(e, TS2), CUDA_SUCCESS);
+  assert_int_equal(drv->event_query(e), CUDA_SUCCESS); /* the host learns TS2's kernel is done */
+  assert_int_equal(drv->mem_unmap(va + GRAIN, GRAIN), CUDA_SUCCESS);
+  assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 0);
+  assert_int_equal(drv->event_destroy(e), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_address_free(va, 4 * GRAIN), CUDA_SUCCESS);
+}
+
+static int forbid;
+static int forbids(void *ctx) { return *(int *)ctx; }
+
+/* A release inside a retaining scope (the guard says so) of memory an allocation used; memory
+ * no access touched (an undo's) may go. */
+static void test_timeline_scope_release(void **state) {
+  (void)state;
+  CUcontext ctx;
+  assert_int_equal(drv->primary_ctx_retain(&ctx, 0), CUDA_SUCCESS);
+  fake_set_release_guard(0, forbids, &forbid);
+  forbid = 1;
+  CUmemGenericAllocationHandle unused = create(GRAIN);
+  assert_int_equal(drv->mem_release(unused), CUDA_SUCCESS);
+  assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 0);
+  CUdeviceptr va;
+  CUmemGenericAllocationHandle h = mapped(&va);
+  assert_int_equal(fake_kernel(TS1, va, 64, 1), 0);
+  assert_int_equal(drv->stream_synchronize(TS1), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_unmap(va, GRAIN), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_release(h), CUDA_SUCCESS); /* planted: inside the scope */
+  expect_violation(FAKE_VIOLATION_SCOPE_RELEASE, "inside a retaining scope");
+  assert_int_equal(drv->primary_ctx_release(0), CUDA_SUCCESS); /* the guard goes with the context */
+  h = mapped(&va);
+  assert_int_equal(fake_kernel(TS1, va, 64, 2), 0);
+  assert_int_equal(drv->ctx_synchronize(), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_unmap(va, GRAIN), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_release(h), CUDA_SUCCESS);
+  assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 0);
+}
+
+/* A synchronize on a capturing stream; a kernel on unmapped memory; a captured kernel runs
+ * only when its graph is launched, on the launching stream. */
+static void test_timeline_capture_and_unmapped(void **state) {
+  (void)state;
+  fake_set_capturing(TS1, 1);
+  assert_int_equal(drv->stream_synchronize(TS1), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); /* planted */
+  expect_violation(FAKE_VIOLATION_CAPTURE_SYNC, "capturing");
+  CUdeviceptr va;
+  CUmemGenericAllocationHandle h = mapped(&va);
+  assert_int_equal(fake_kernel(TS1, va, 64, 1), 0); /* captured: nothing runs */
+  fake_set_capturing(TS1, 0);
+  uint64_t graph = fake_graph_last();
+  assert_true(graph != 0);
+  assert_int_equal(fake_kernel(TS2, va, 64, 2), 0);
+  assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 0);
+  fake_graph_launch(graph, TS1); /* planted: replayed with no order after owner 2 */
+  expect_violation(FAKE_VIOLATION_REUSE, "replayed kernel");
+  assert_int_equal(drv->ctx_synchronize(), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_unmap(va, GRAIN), CUDA_SUCCESS);
+  assert_int_equal(fake_kernel(TS2, va, 64, 3), -1); /* planted: unmapped */
+  expect_violation(FAKE_VIOLATION_UNMAPPED_ACCESS, "unmapped");
+  assert_int_equal(drv->mem_release(h), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_address_free(va, 4 * GRAIN), CUDA_SUCCESS);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_happy_path, reset_defaults, reset_defaults),
@@ -342,6 +471,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_aliased_handle_outlives_release, reset_defaults, reset_defaults),
       cmocka_unit_test_setup_teardown(test_peer_access_off, reset_defaults, reset_defaults),
       cmocka_unit_test_setup_teardown(test_many_mappings, reset_defaults, reset_defaults),
+      cmocka_unit_test_setup_teardown(test_timeline_reuse, reset_defaults, reset_defaults),
+      cmocka_unit_test_setup_teardown(test_timeline_unmap_and_release, reset_defaults, reset_defaults),
+      cmocka_unit_test_setup_teardown(test_timeline_scope_release, reset_defaults, reset_defaults),
+      cmocka_unit_test_setup_teardown(test_timeline_capture_and_unmapped, reset_defaults, reset_defaults),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

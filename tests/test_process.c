@@ -1884,6 +1884,39 @@ static void countdown_over_whole_process_paths(void **state) {
   }
 }
 
+/* An assembly that takes a pooled mapping apart in part (its first handle into a new range,
+ * before its free is known complete) keeps on the piece that retires the streams record_stream
+ * added: empty_cache waits for them before it unmaps that piece. The device is kept behind, so
+ * that reuse is ordered by events and the piece retires early; the new owners run on S3, so
+ * that nothing but the piece's own work orders S2's kernel before the unmap. */
+static void split_off_piece_keeps_record_stream_uses(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena_bound(0, VMM_RETAIN_AUTO, 2 * MiB);
+  void *six = tu_alloc(a, 6 * MiB, T, S1);
+  void *four = tu_alloc(a, 4 * MiB, T, S1);
+  tu_use(four, S2); /* read through four's own range on S2 */
+  assert_int_equal(vmm_arena_record_stream(a, four, S2), VMM_OK);
+  fake_set_events_pending(1);
+  tu_free(a, six, S1);
+  tu_free(a, four, S1);
+  void *eight = tu_alloc(a, 8 * MiB, T, S3); /* the 6 MiB and the first handle of the 4 MiB */
+  assert_int_equal(tu_snapshot(a).pooled_taken_apart_early, 2);
+  void *two = tu_alloc(a, 2 * MiB, T, S3); /* the second handle, in place */
+  assert_ptr_equal(two, (char *)four + 2 * MiB);
+  size_t from = fake_call_count();
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
+  assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 0); /* S2's kernel known complete before the unmap */
+  size_t unmap = tu_first_call(from, VMM_DRV_mem_unmap);
+  assert_true(unmap != SIZE_MAX && fake_call_at(unmap)->a0 == dp(four)); /* the piece retired; empty_cache unmapped it */
+  size_t sync = tu_first_call(from, VMM_DRV_stream_synchronize);
+  while (sync < unmap && fake_call_at(sync)->a0 != (uintptr_t)S2) sync = tu_first_call(sync + 1, VMM_DRV_stream_synchronize);
+  assert_true(sync < unmap);
+  fake_set_events_pending(0);
+  tu_free(a, eight, S3);
+  tu_free(a, two, S3);
+  tu_destroy(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(slot_sizes),
@@ -1937,6 +1970,7 @@ int main(void) {
       cmocka_unit_test(refused_memory_releases_the_cache),
       cmocka_unit_test(usage_and_peaks),
       cmocka_unit_test(countdown_over_whole_process_paths),
+      cmocka_unit_test(split_off_piece_keeps_record_stream_uses),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
