@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_cli.h"
 #include "bench_stats.h"
 #include "vmmarena.h"
 
@@ -188,7 +189,14 @@ static void assembly_costs(size_t granularity, cudaStream_t stream) {
   vmm_arena_destroy(a);
 }
 
-int main(void) {
+static const char USAGE[] =
+    "usage: bench_gpu\n"
+    "One allocate + free pair on device 0 (2 MiB to 4 GiB): a vmmarena pool hit and miss, raw VMM,\n"
+    "cudaMalloc and cudaMallocAsync; median wall times, a PASS or MISS line per target and size.\n"
+    "Needs a GPU; exits 1 only if a call fails.\n";
+
+int main(int argc, char **argv) {
+  bench_cli_no_arguments(argc, argv, "bench_gpu", USAGE);
   ctx c;
   memset(&c, 0, sizeof c);
   RT(cudaSetDevice(0), 0);

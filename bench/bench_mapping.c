@@ -28,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_cli.h"
 #include "bench_stats.h"
 
 #define MIB ((size_t)1 << 20)
@@ -394,7 +395,13 @@ static void spread(void) {
   CU(cuMemAddressFree(va, bytes));
 }
 
-int main(void) {
+static const char USAGE[] =
+    "usage: bench_mapping\n"
+    "What the driver charges for a mapping on device 0, with the raw driver calls: per handle, per\n"
+    "piece, beside other work, behind queued work and spread over threads. Needs a GPU.\n";
+
+int main(int argc, char **argv) {
+  bench_cli_no_arguments(argc, argv, "bench_mapping", USAGE);
   RT(cudaSetDevice(0));
   RT(cudaFree(0)); /* creates the primary context and makes it current */
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;

@@ -36,6 +36,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "bench_cli.h"
 #include "bench_stats.h"
 #include "fake_driver.h"
 #include "internal.h"
@@ -665,9 +666,19 @@ static const variant designs[] = {
     {"vmmarena, staging off: synchronous copies into pageable memory (the design before)", "0", 0, VMM_COPY_PAGES},
 };
 
+static const char USAGE[] =
+    "usage: bench_pause [--fake]\n"
+    "Pause and resume with VMM_PAUSE_BACKUP on device 0 against a pinned copy of the same bytes, the\n"
+    "copy designs side by side, and the host side alone. Exits 1 if a call fails or contents differ.\n"
+    "  --fake   the vmmarena rows on the fake driver, 64 MiB per row (a check of the benchmark itself)\n";
+
 int main(int argc, char **argv) {
   double start = now_s();
-  fake = argc > 1 && !strcmp(argv[1], "--fake");
+  for (int i = 1; i < argc; i++) {
+    bench_cli_help_or_version("bench_pause", USAGE, argv[i]);
+    if (strcmp(argv[i], "--fake")) bench_cli_refuse("bench_pause", argv[i]);
+    fake = 1;
+  }
   if (fake) row_total = 64 * MIB;
   if (setup()) return 1;
   static const size_t real_sizes[] = {64 * MIB, 256 * MIB, GIB, 4 * GIB, 2 * MIB};

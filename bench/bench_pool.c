@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_cli.h"
 #include "fake_driver.h"
 #include "vmmarena.h"
 
@@ -133,7 +134,14 @@ static void verdict(int pass, const char *target, const char *measured) {
   printf("%s %s (%s)\n", pass ? "PASS" : "MISS", target, measured);
 }
 
-int main(void) {
+static const char USAGE[] =
+    "usage: bench_pool\n"
+    "Pool benchmark on the fake driver: a pool-hit pair inside a scope, the same pair outside one,\n"
+    "10 against 100,000 pooled mappings, and whole-process mode's slot and exact-size hits. Prints a\n"
+    "PASS or MISS line per target and exits 0 either way; 1 if a call fails.\n";
+
+int main(int argc, char **argv) {
+  bench_cli_no_arguments(argc, argv, "bench_pool", USAGE);
   enum { HIT_SAMPLES = 2001, HIT_BATCH = 200, DRIVER_SAMPLES = 501, DRIVER_BATCH = 20 };
   printf("bench_pool: fake driver, call log off, 2 MiB granularity; medians of per-pair means over batches\n");
 

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_cli.h"
 #include "fake_driver.h"
 #include "vmmarena.h"
 
@@ -88,11 +89,25 @@ static int by_value(const void *x, const void *y) {
   return a < b ? -1 : a > b;
 }
 
+static const char USAGE[] =
+    "usage: bench_trace [ROUNDS]\n"
+    "What the operation trace costs: the same mixed loop of operations with the trace off and on, on\n"
+    "the fake driver; ns per operation, in wall and CPU time, and the ratio.\n"
+    "  ROUNDS   loop rounds per run (> 0, default 4000, 28 operations each)\n";
+
 int main(int argc, char **argv) {
   unsigned rounds = 4000;
-  if (argc > 2 || (argc == 2 && (sscanf(argv[1], "%u", &rounds) != 1 || rounds == 0))) {
-    fprintf(stderr, "usage: bench_trace [ROUNDS]   (ROUNDS > 0, default 4000)\n");
-    return 2;
+  for (int i = 1; i < argc; i++) {
+    bench_cli_help_or_version("bench_trace", USAGE, argv[i]);
+    char *end = NULL;
+    unsigned long n = argv[i][0] >= '0' && argv[i][0] <= '9' ? strtoul(argv[i], &end, 10) : 0;
+    if (i > 1 || !end || *end || n == 0 || n > 100000000) {
+      if (argv[i][0] == '-') bench_cli_refuse("bench_trace", argv[i]);
+      fprintf(stderr, "bench_trace: ROUNDS \"%s\": expected one count of rounds, 1 to 100000000 (bench_trace --help)\n",
+              argv[i]);
+      return 2;
+    }
+    rounds = (unsigned)n;
   }
   char path[] = "/tmp/vmmarena-bench-trace-XXXXXX";
   int fd = mkstemp(path);

@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_cli.h"
 #include "fake_driver.h"
 #include "vmmarena.h"
 #include "vmmarena/trace.h"
@@ -57,31 +58,30 @@ typedef struct options {
   const char *csv, *plot, *trace;
 } options;
 
-static void usage(FILE *f) {
-  fputs("usage: vmmarena-replay [--driver fake|cuda] [--capacity SIZE] [--granularity SIZE] [--handle-bound SIZE]\n"
-        "                       [--cache] [--keep-cache] [--refill HOW] [--grow on|off] [--lag N] [--csv OUT.csv]\n"
-        "                       [--plot OUT.png] [TRACE]\n"
-        "  TRACE          trace file (plain or gzip); default: the trace built into this binary\n"
-        "  --driver       fake (default: simulated driver, no GPU needed) or cuda (device 0)\n"
-        "  --capacity     physical memory of the fake device, or the arena limit with cuda (e.g. 96G); a limit\n"
-        "                 the trace sets (set-limit) applies as well, with cuda never above this one\n"
-        "  --granularity  allocation granularity of the fake device (default 2M)\n"
-        "  --handle-bound largest handle created inside a scope (default: the arena's choice)\n"
-        "  --cache        whole-process mode (VMMARENA_CACHE=on): frees cached outside a scope too, requests\n"
-        "                 below half the granularity carved from pages (a trace recorded in that mode; on by\n"
-        "                 itself for a trace with captures, graph pools, empty-cache or record-stream)\n"
-        "  --keep-cache   each empty-cache of the trace replayed as a quiesce, as vmmarena.install() keeps\n"
-        "                 the cache on torch.cuda.graph's entry (VMMARENA_GRAPH_EMPTY_CACHE=keep); for a\n"
-        "                 trace recorded with VMMARENA_GRAPH_EMPTY_CACHE=release or before the setting\n"
-        "  --refill       whole-process mode's VMMARENA_REFILL: assemble (default), below-peak[:F] or within-live[:F]\n"
-        "  --grow         whole-process mode's VMMARENA_GROW: on (default: a pooled mapping may grow in place)\n"
-        "                 or off\n"
-        "  --lag          fake only: the device N operations behind, an event complete N operations after\n"
-        "                 its record or at a synchronize (default 0: at once)\n"
-        "  --csv          one row per policy\n"
-        "  --plot         physical bytes over the operations, per policy (needs python3-matplotlib)\n",
-        f);
-}
+static const char USAGE[] =
+    "usage: vmmarena-replay [--driver fake|cuda] [--capacity SIZE] [--granularity SIZE] [--handle-bound SIZE]\n"
+    "                       [--cache] [--keep-cache] [--refill HOW] [--grow on|off] [--lag N] [--csv OUT.csv]\n"
+    "                       [--plot OUT.png] [TRACE]\n"
+    "  TRACE          trace file (plain or gzip); default: the trace built into this binary\n"
+    "  --driver       fake (default: simulated driver, no GPU needed) or cuda (device 0)\n"
+    "  --capacity     physical memory of the fake device, or the arena limit with cuda (e.g. 96G); a limit\n"
+    "                 the trace sets (set-limit) applies as well, with cuda never above this one\n"
+    "  --granularity  allocation granularity of the fake device (default 2M)\n"
+    "  --handle-bound largest handle created inside a scope (default: the arena's choice)\n"
+    "  --cache        whole-process mode (VMMARENA_CACHE=on): frees cached outside a scope too, requests\n"
+    "                 below half the granularity carved from pages (a trace recorded in that mode; on by\n"
+    "                 itself for a trace with captures, graph pools, empty-cache or record-stream)\n"
+    "  --keep-cache   each empty-cache of the trace replayed as a quiesce, as vmmarena.install() keeps\n"
+    "                 the cache on torch.cuda.graph's entry (VMMARENA_GRAPH_EMPTY_CACHE=keep); for a\n"
+    "                 trace recorded with VMMARENA_GRAPH_EMPTY_CACHE=release or before the setting\n"
+    "  --refill       whole-process mode's VMMARENA_REFILL: assemble (default), below-peak[:F] or within-live[:F]\n"
+    "  --grow         whole-process mode's VMMARENA_GROW: on (default: a pooled mapping may grow in place)\n"
+    "                 or off\n"
+    "  --lag          fake only: the device N operations behind, an event complete N operations after\n"
+    "                 its record or at a synchronize (default 0: at once)\n"
+    "  --csv          one row per policy\n"
+    "  --plot         physical bytes over the operations, per policy (needs python3-matplotlib)\n"
+    "  --version      the version, --help this text\n";
 
 static int parse_size_option(const char *name, const char *value, size_t *out) {
   if (vmm_parse_size(value, out) != VMM_OK) {
@@ -91,15 +91,22 @@ static int parse_size_option(const char *name, const char *value, size_t *out) {
   return 0;
 }
 
+/* The options that take a value; every other option is --help, --version, --cache or
+ * --keep-cache, or refused as unknown. */
+static int takes_a_value(const char *arg) {
+  static const char *const with_value[] = {"--driver", "--capacity", "--granularity", "--handle-bound", "--refill",
+                                           "--grow",   "--lag",      "--csv",         "--plot"};
+  for (size_t i = 0; i < sizeof with_value / sizeof with_value[0]; i++)
+    if (!strcmp(arg, with_value[i])) return 1;
+  return 0;
+}
+
 static int parse_options(int argc, char **argv, options *o) {
   memset(o, 0, sizeof *o);
   o->grow = 1;
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
-    if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
-      usage(stdout);
-      exit(0);
-    }
+    bench_cli_help_or_version("vmmarena-replay", USAGE, arg);
     if (arg[0] != '-') {
       if (o->trace) {
         fprintf(stderr, "vmmarena-replay: one trace at a time (got \"%s\" and \"%s\")\n", o->trace, arg);
@@ -116,8 +123,9 @@ static int parse_options(int argc, char **argv, options *o) {
       o->keep_cache = 1;
       continue;
     }
+    if (!takes_a_value(arg)) bench_cli_refuse("vmmarena-replay", arg);
     if (i + 1 >= argc) {
-      fprintf(stderr, "vmmarena-replay: %s needs a value\n", arg);
+      fprintf(stderr, "vmmarena-replay: %s needs a value (vmmarena-replay --help)\n", arg);
       return -1;
     }
     const char *value = argv[++i];
@@ -166,10 +174,6 @@ static int parse_options(int argc, char **argv, options *o) {
       o->csv = value;
     } else if (!strcmp(arg, "--plot")) {
       o->plot = value;
-    } else {
-      fprintf(stderr, "vmmarena-replay: unknown option %s\n", arg);
-      usage(stderr);
-      return -1;
     }
   }
   if (o->driver == DRIVER_CUDA && o->granularity) {
@@ -207,10 +211,40 @@ static int write_embedded(char *dir, size_t dir_cap, char *path, size_t path_cap
   return 0;
 }
 
+/* Whether path is a plain file, not empty, whose first line does not begin with "vmmtrace": a
+ * text file that is no trace, which the reader would answer with what is wrong in its first
+ * line as a record ("5 fields, expected 10"). Gzip data, an empty file and one that cannot be
+ * read are left to the reader. `vmmarena memviz` makes the same check (lacks_header in
+ * shim/python/vmmarena/_memviz.py), so both tools still answer every file alike. */
+static int lacks_header(const char *path) {
+  FILE *f = fopen(path, "rb");
+  char head[8];
+  size_t n = f ? fread(head, 1, sizeof head, f) : 0;
+  if (f) fclose(f);
+  if (n == 0 || (n >= 2 && (unsigned char)head[0] == 0x1f && (unsigned char)head[1] == 0x8b)) return 0;
+  return n < sizeof head || memcmp(head, "vmmtrace", sizeof head) != 0;
+}
+
+/* path as the reader's messages write it: printable ASCII as it is, '\' and '"' escaped, any
+ * other byte \xNN. */
+static void print_escaped(FILE *out, const char *path) {
+  for (const unsigned char *p = (const unsigned char *)path; *p; p++) {
+    if (*p == '\\' || *p == '"') fprintf(out, "\\%c", *p);
+    else if (*p >= 0x20 && *p <= 0x7e) fputc(*p, out);
+    else fprintf(out, "\\x%02x", *p);
+  }
+}
+
 /* Opens the trace named on the command line, or the built-in one; NULL after printing the
  * reader's message. */
 static vmm_trace_reader *open_trace(const char *trace) {
   char dir[4096], path[4400], msg[2048]; /* msg: as large as the Python package's */
+  if (trace && lacks_header(trace)) {
+    fputs("vmmarena-replay: ", stderr);
+    print_escaped(stderr, trace);
+    fputs(": no vmmtrace header (a trace begins with the line \"vmmtrace 2\")\n", stderr);
+    return NULL;
+  }
   if (!trace) {
     if (write_embedded(dir, sizeof dir, path, sizeof path)) return NULL;
   }
@@ -671,16 +705,25 @@ static const char *hit_rate(const result *r, char buf[32]) {
   return buf;
 }
 
+/* The result of the policy named `name` (one of policies[]): the table's rows are found by
+ * name, not by their place in the list. */
+static const result *result_of(const result *res, const char *name) {
+  for (size_t i = 0; i < POLICY_COUNT; i++)
+    if (!strcmp(policies[i].name, name)) return &res[i];
+  fprintf(stderr, "vmmarena-replay: no policy named %s\n", name); /* a bug of this file */
+  abort();
+}
+
 static void print_table(const result *res) {
   printf("%-16s %13s %8s %12s %11s %9s %10s %12s %12s %8s %9s %6s %7s %9s\n", "policy", "peak physical",
          "x limit", "peak VA", "cuMemCreate", "cuMemMap", "cuMemUnmap", "cuMemRelease", "driver calls", "hit rate",
          "assembled", "OOM", "rescued", "time ms");
+  const uint64_t limit = result_of(res, "no-retention")->snap.physical_peak_bytes; /* the physical limit */
   for (size_t i = 0; i < POLICY_COUNT; i++) {
     const result *r = &res[i];
     char b[3][32];
     char ratio[32] = "-";
-    if (res[0].snap.physical_peak_bytes)
-      snprintf(ratio, sizeof ratio, "%.3fx", (double)r->snap.physical_peak_bytes / (double)res[0].snap.physical_peak_bytes);
+    if (limit) snprintf(ratio, sizeof ratio, "%.3fx", (double)r->snap.physical_peak_bytes / (double)limit);
     printf("%-16s %13s %8s %12s %11llu %9llu %10llu %12llu %12llu %8s %9llu %6zu %7llu %9.1f%s\n", policies[i].name,
            human(r->snap.physical_peak_bytes, b[0]), ratio, human(r->snap.reserved_va_bytes, b[1]),
            (unsigned long long)calls_of(r, VMM_DRV_mem_create), (unsigned long long)calls_of(r, VMM_DRV_mem_map),
@@ -763,11 +806,28 @@ static int write_series(const char *path, uint64_t *const series[POLICY_COUNT], 
 }
 
 /* Runs plot_replay.py; a missing python3 or matplotlib is reported and is not an error. */
+/* plot_replay.py: where `cmake --install` puts it beside an installed binary
+ * (VMMARENA_PLOT_SCRIPT_FROM_BIN, relative to the binary's directory), else in the source tree
+ * the binary was built from (VMMARENA_PLOT_SCRIPT). */
+static const char *plot_script(char *buf, size_t cap) {
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  char *slash = n > 0 ? (exe[n] = '\0', strrchr(exe, '/')) : NULL;
+  if (slash) {
+    *slash = '\0';
+    int len = snprintf(buf, cap, "%s/%s", exe, VMMARENA_PLOT_SCRIPT_FROM_BIN);
+    if (len > 0 && (size_t)len < cap && access(buf, R_OK) == 0) return buf;
+  }
+  return VMMARENA_PLOT_SCRIPT;
+}
+
 static int run_plot(const char *series, const char *png) {
+  char buf[4400];
+  const char *script = plot_script(buf, sizeof buf);
   pid_t pid = fork();
   if (pid < 0) return -1;
   if (pid == 0) {
-    execlp("python3", "python3", VMMARENA_PLOT_SCRIPT, series, png, (char *)NULL);
+    execlp("python3", "python3", script, series, png, (char *)NULL);
     _exit(127);
   }
   int status = 0;
@@ -782,7 +842,7 @@ static int run_plot(const char *series, const char *png) {
     printf("plot: skipped, %s is not installed; the series is in %s\n", code == 127 ? "python3" : "matplotlib", series);
     return 0;
   }
-  fprintf(stderr, "vmmarena-replay: %s failed (status %d); the series is in %s\n", VMMARENA_PLOT_SCRIPT, code, series);
+  fprintf(stderr, "vmmarena-replay: %s failed (status %d); the series is in %s\n", script, code, series);
   return -1;
 }
 
@@ -797,17 +857,17 @@ static void print_summary(const options *o, const result *res) {
   char b[3][64];
   if (o->driver == DRIVER_FAKE)
     printf("driver: fake, capacity %s, granularity %s%s\n\n", o->capacity ? human(o->capacity, b[0]) : "unbounded",
-           human(res[0].snap.granularity, b[1]), o->lag ? lag_text(o->lag, b[2]) : "");
+           human(result_of(res, "no-retention")->snap.granularity, b[1]), o->lag ? lag_text(o->lag, b[2]) : "");
   else
     printf("driver: cuda, device 0, limit %s, granularity %s\n\n", o->capacity ? human(o->capacity, b[0]) : "none",
-           human(res[0].snap.granularity, b[1]));
+           human(result_of(res, "no-retention")->snap.granularity, b[1]));
   print_table(res);
   printf("\nx limit: peak physical over the no-retention peak (the physical limit); peak VA: reserved address\n"
          "space; assembled: allocations mapped from idle handles (new memory only for the rest); OOM: allocations\n"
          "refused for want of memory, skipped with their frees; rescued: refusals served by a larger pooled mapping\n"
          "or a padded assembly. Inside a scope new memory is cut into handles of at most 1/64 of the scope's\n"
          "peak (VMMARENA_HANDLE_BOUND, --handle-bound); at the end of this trace that is %s.\n",
-         human(res[2].snap.handle_bound_bytes, b[0]));
+         human(result_of(res, "exact")->snap.handle_bound_bytes, b[0])); /* the default policy's */
   if (o->refill_share > 0.0 || o->refill_live_share > 0.0) {
     printf("VMMARENA_REFILL=%s:%g: misses given new memory in place of several cached handles:",
            o->refill_share > 0.0 ? "below-peak" : "within-live", o->refill_share > 0.0 ? o->refill_share : o->refill_live_share);

@@ -47,8 +47,18 @@ vmmarena_embed(${VMMARENA_DEFAULT_TRACE} ${CMAKE_CURRENT_BINARY_DIR}/default_tra
 
 add_executable(vmmarena-replay ${CMAKE_CURRENT_SOURCE_DIR}/replay.c ${CMAKE_CURRENT_BINARY_DIR}/default_trace.c)
 target_link_libraries(vmmarena-replay PRIVATE vmmarena_static vmmarena_fake)
-target_compile_definitions(vmmarena-replay PRIVATE
-  VMMARENA_PLOT_SCRIPT="${CMAKE_CURRENT_SOURCE_DIR}/plot_replay.py")
+# The plot script: the installed copy, found from the binary's own directory (so the install
+# can move), else the source tree's.
+file(RELATIVE_PATH vmmarena_plot_from_bin ${CMAKE_INSTALL_FULL_BINDIR}
+  ${CMAKE_INSTALL_FULL_DATADIR}/vmmarena/plot_replay.py)
+target_compile_definitions(vmmarena-replay PRIVATE VMMARENA_VERSION="${PROJECT_VERSION}"
+  VMMARENA_PLOT_SCRIPT="${CMAKE_CURRENT_SOURCE_DIR}/plot_replay.py"
+  VMMARENA_PLOT_SCRIPT_FROM_BIN="${vmmarena_plot_from_bin}")
+
+# `cmake --install` puts the tool in bin/ beside the library, with its plot script (not in the
+# wheel: pip installs only the component "python").
+install(TARGETS vmmarena-replay RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(FILES ${CMAKE_CURRENT_SOURCE_DIR}/plot_replay.py DESTINATION ${CMAKE_INSTALL_DATADIR}/vmmarena)
 
 # The replay of the synthetic catalog as a test: every policy must finish with its arena's
 # invariants sound and the fake driver's ledger clean (the tool exits 1 otherwise).

@@ -16,23 +16,31 @@ static vmm_status usage(const char *name, const char *value, const char *why) {
   return VMM_ERR_INVALID_ARGUMENT;
 }
 
-/* Parses the size; on failure says why (static text). */
+/* How a size is written: the end of every size error, after the rule that was broken. */
+#define SIZE_FORM "use a size such as 8G, 512M, 1.5G or 4096"
+#define SIZE_UNITS "a number, then K, M, G, T or P (or KiB, KB, ...), such as 8G, 512M, 1.5G or 4096"
+#define SIZE_TOO_LARGE "size overflows 64 bits; the largest is 18446744073709551615 (just under 16384P)"
+
+/* Parses the size; on failure says why (static text): the rule the text broke and how a size
+ * is written, so that "NAME=\"VALUE\": why" is the whole message. */
 static vmm_status parse_size(const char *text, size_t *bytes, const char **why) {
   if (!text || !bytes) return *why = "NULL argument", VMM_ERR_INVALID_ARGUMENT;
   const char *p = text;
-  if (*p == '\0') return *why = "empty size", VMM_ERR_INVALID_ARGUMENT;
-  if (*p == '-') return *why = "negative size", VMM_ERR_INVALID_ARGUMENT;
-  if (!isdigit((unsigned char)*p)) return *why = "a size starts with a digit (e.g. 8G, 512M, 1.5G, 4096)", VMM_ERR_INVALID_ARGUMENT;
+  if (*p == '\0') return *why = "a size must not be empty; " SIZE_FORM, VMM_ERR_INVALID_ARGUMENT;
+  if (*p == '-') return *why = "a size must not be negative; " SIZE_FORM, VMM_ERR_INVALID_ARGUMENT;
+  if (!isdigit((unsigned char)*p))
+    return *why = "a size starts with a digit; " SIZE_FORM, VMM_ERR_INVALID_ARGUMENT;
   unsigned __int128 whole = 0;
   while (isdigit((unsigned char)*p)) {
     whole = whole * 10 + (unsigned)(*p++ - '0');
-    if (whole > UINT64_MAX) return *why = "size overflows 64 bits", VMM_ERR_INVALID_ARGUMENT;
+    if (whole > UINT64_MAX) return *why = SIZE_TOO_LARGE, VMM_ERR_INVALID_ARGUMENT;
   }
   unsigned __int128 frac = 0, frac_div = 1;
   int frac_nonzero = 0; /* any digit after the point, also past the 18 that are kept */
   if (*p == '.') {
     p++;
-    if (!isdigit((unsigned char)*p)) return *why = "a decimal point needs digits after it", VMM_ERR_INVALID_ARGUMENT;
+    if (!isdigit((unsigned char)*p))
+      return *why = "a decimal point needs digits after it; " SIZE_FORM, VMM_ERR_INVALID_ARGUMENT;
     while (isdigit((unsigned char)*p)) {
       frac_nonzero |= *p != '0';
       if (frac_div < 1000000000000000000ull) {
@@ -53,11 +61,13 @@ static vmm_status parse_size(const char *text, size_t *bytes, const char **why) 
   }
   if (shift && (p[0] == 'i' || p[0] == 'I') && (p[1] == 'B' || p[1] == 'b')) p += 2;
   else if (*p == 'B' || *p == 'b') p++;
-  if (*p != '\0') return *why = "unexpected characters after the size (units: K, M, G, T, P)", VMM_ERR_INVALID_ARGUMENT;
-  if (!shift && frac_nonzero) return *why = "a fraction of a byte", VMM_ERR_INVALID_ARGUMENT;
+  if (*p != '\0')
+    return *why = "unexpected characters after the size; a size is " SIZE_UNITS, VMM_ERR_INVALID_ARGUMENT;
+  if (!shift && frac_nonzero)
+    return *why = "a fraction of a byte: a size without a unit is whole bytes; " SIZE_FORM, VMM_ERR_INVALID_ARGUMENT;
   unsigned __int128 mult = (unsigned __int128)1 << shift;
   unsigned __int128 total = whole * mult + frac * mult / frac_div;
-  if (total > SIZE_MAX) return *why = "size overflows 64 bits", VMM_ERR_INVALID_ARGUMENT;
+  if (total > SIZE_MAX) return *why = SIZE_TOO_LARGE, VMM_ERR_INVALID_ARGUMENT;
   *bytes = (size_t)total;
   return VMM_OK;
 }
@@ -106,7 +116,7 @@ static vmm_status set_size(const char *env, const char *value, size_t *out, int 
   const char *why = NULL;
   size_t v;
   if (parse_size(value, &v, &why) != VMM_OK) return usage(env, value, why);
-  if (!allow_zero && v == 0) return usage(env, value, "must be greater than zero");
+  if (!allow_zero && v == 0) return usage(env, value, "must be greater than zero; " SIZE_FORM);
   *out = v;
   return VMM_OK;
 }
@@ -213,7 +223,7 @@ static vmm_status set_staging(const char *env, const char *value, size_t *out) {
   const char *comma = strchr(value, ',');
   size_t len = comma ? (size_t)(comma - value) : strlen(value);
   if (comma && strcasecmp(comma + 1, "keep")) return usage(env, value, "expected SIZE or SIZE,keep (e.g. 64M,keep)");
-  if (len >= sizeof size) return usage(env, value, "size too long");
+  if (len >= sizeof size) return usage(env, value, "the size is too long; " SIZE_FORM);
   memcpy(size, value, len);
   size[len] = '\0';
   const char *why = NULL;

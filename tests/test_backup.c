@@ -368,8 +368,8 @@ static void staging_setting(void **state) {
       {"512K", 0, "VMMARENA_PAUSE_STAGING=\"512K\": the staging is off (0) or between 1 MiB and 4 GiB"},
       {"5G", 0, "VMMARENA_PAUSE_STAGING=\"5G\": the staging is off (0) or between 1 MiB and 4 GiB"},
       {"64M,kept", 0, "VMMARENA_PAUSE_STAGING=\"64M,kept\": expected SIZE or SIZE,keep"},
-      {"", 0, "VMMARENA_PAUSE_STAGING=\"\": empty size"},
-      {"-1M", 0, "VMMARENA_PAUSE_STAGING=\"-1M\": negative size"},
+      {"", 0, "VMMARENA_PAUSE_STAGING=\"\": a size must not be empty"},
+      {"-1M", 0, "VMMARENA_PAUSE_STAGING=\"-1M\": a size must not be negative"},
   };
   vmm_config def;
   vmm_config_init(&def);

@@ -74,8 +74,8 @@ static void parse_bad_sizes(void **state) {
   static const struct {
     const char *text, *why;
   } cases[] = {
-      {"", "empty size"},
-      {"-1", "negative size"},
+      {"", "a size must not be empty"},
+      {"-1", "a size must not be negative"},
       {"1.5", "a fraction of a byte"},
       {"8X", "unexpected characters after the size"},
       {"8G ", "unexpected characters after the size"},
@@ -263,14 +263,14 @@ static const bad_case bad_cases[] = {
     {"VMMARENA_REUSE", "", "expected exact"},
     {"VMMARENA_HANDLE_BOUND", "0", "must be greater than zero"},
     {"VMMARENA_HANDLE_BOUND", "big", "a size starts with a digit"},
-    {"VMMARENA_HANDLE_BOUND", "-2M", "negative size"},
+    {"VMMARENA_HANDLE_BOUND", "-2M", "a size must not be negative"},
     {"VMMARENA_PACKAGE_ASSEMBLY", "maybe", "expected on or off"},
     {"VMMARENA_PACKAGE_ASSEMBLY", "", "expected on or off"},
     {"VMMARENA_RESERVE", "0", "must be greater than zero"},
-    {"VMMARENA_RESERVE", "-1", "negative size"},
+    {"VMMARENA_RESERVE", "-1", "a size must not be negative"},
     {"VMMARENA_RESERVE", "8X", "unexpected characters"},
-    {"VMMARENA_HEADROOM", "-5G", "negative size"},
-    {"VMMARENA_HEADROOM", "", "empty size"},
+    {"VMMARENA_HEADROOM", "-5G", "a size must not be negative"},
+    {"VMMARENA_HEADROOM", "", "a size must not be empty"},
     {"VMMARENA_LIMIT", "abc", "a size starts with a digit"},
     {"VMMARENA_LIMIT", "99999P", "size overflows 64 bits"},
     {"VMMARENA_RETAIN", "maybe", "expected on, off or auto"},
@@ -434,6 +434,52 @@ static void env_all_or_nothing(void **state) {
   assert_int_equal(vmm_config_from_env(NULL), VMM_ERR_INVALID_ARGUMENT);
 }
 
+/* Every size error is the whole sentence a user needs: the variable, the value as given, the
+ * rule the value broke and how a size is written. */
+static void size_errors_say_the_rule(void **state) {
+  (void)state;
+  static const struct {
+    const char *env, *value, *message;
+  } cases[] = {
+      {"VMMARENA_HEADROOM", "-5",
+       "VMMARENA_HEADROOM=\"-5\": a size must not be negative; use a size such as 8G, 512M, 1.5G or 4096"},
+      {"VMMARENA_LIMIT", "",
+       "VMMARENA_LIMIT=\"\": a size must not be empty; use a size such as 8G, 512M, 1.5G or 4096"},
+      {"VMMARENA_LIMIT", "lots",
+       "VMMARENA_LIMIT=\"lots\": a size starts with a digit; use a size such as 8G, 512M, 1.5G or 4096"},
+      {"VMMARENA_RESERVE", "8X",
+       "VMMARENA_RESERVE=\"8X\": unexpected characters after the size; a size is a number, then K, M, G, T or P "
+       "(or KiB, KB, ...), such as 8G, 512M, 1.5G or 4096"},
+      {"VMMARENA_RESERVE", "1.5",
+       "VMMARENA_RESERVE=\"1.5\": a fraction of a byte: a size without a unit is whole bytes; use a size such as 8G, "
+       "512M, 1.5G or 4096"},
+      {"VMMARENA_HEADROOM", "1.G",
+       "VMMARENA_HEADROOM=\"1.G\": a decimal point needs digits after it; use a size such as 8G, 512M, 1.5G or 4096"},
+      {"VMMARENA_LIMIT", "16384P",
+       "VMMARENA_LIMIT=\"16384P\": size overflows 64 bits; the largest is 18446744073709551615 (just under 16384P)"},
+      {"VMMARENA_RESERVE", "0",
+       "VMMARENA_RESERVE=\"0\": must be greater than zero; use a size such as 8G, 512M, 1.5G or 4096"},
+      {"VMMARENA_HANDLE_BOUND", "0",
+       "VMMARENA_HANDLE_BOUND=\"0\": must be greater than zero; use a size such as 8G, 512M, 1.5G or 4096"},
+      {"VMMARENA_PAUSE_STAGING", "-64M",
+       "VMMARENA_PAUSE_STAGING=\"-64M\": a size must not be negative; use a size such as 8G, 512M, 1.5G or 4096"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    vmm_config cfg = start_config();
+    assert_int_equal(vmm_config_set(&cfg, cases[i].env, cases[i].value), VMM_ERR_INVALID_ARGUMENT);
+    assert_string_equal(vmm_config_error(), cases[i].message);
+    assert_int_equal(setenv(cases[i].env, cases[i].value, 1), 0); /* the same from the environment */
+    cfg = start_config();
+    assert_int_equal(vmm_config_from_env(&cfg), VMM_ERR_INVALID_ARGUMENT);
+    assert_string_equal(vmm_config_error(), cases[i].message);
+    unsetenv(cases[i].env);
+  }
+  size_t bytes;
+  assert_int_equal(vmm_parse_size("-5", &bytes), VMM_ERR_INVALID_ARGUMENT); /* the C API names no variable */
+  assert_string_equal(vmm_config_error(),
+                      "size=\"-5\": a size must not be negative; use a size such as 8G, 512M, 1.5G or 4096");
+}
+
 /* VMMARENA_STITCH was retired with stitching: every value, by either name or from the
  * environment, is a usage error that says so, and nothing changes. */
 static void stitch_is_retired(void **state) {
@@ -496,6 +542,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(env_all_or_nothing, unset_all, unset_all),
       cmocka_unit_test_setup_teardown(env_config_drives_an_arena, unset_all, unset_all),
       cmocka_unit_test_setup_teardown(stitch_is_retired, unset_all, unset_all),
+      cmocka_unit_test_setup_teardown(size_errors_say_the_rule, unset_all, unset_all),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

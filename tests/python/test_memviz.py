@@ -362,6 +362,26 @@ class Converting(unittest.TestCase):
         self.assertIn("pause of tag '\\x1b[2J\\ufffd' reports", conv.warnings[0], "warnings are ASCII")
 
 
+class NoTrace(unittest.TestCase):
+    """A text file that is no trace is told so before the library reads it (so without one)."""
+
+    def test_a_text_file_has_no_vmmtrace_header(self):
+        with tempfile.TemporaryDirectory() as d:
+            for name, content in (("notes.txt", b"a b c d e\n"), ("one-word.txt", b"hello"),
+                                  ("almost.trace", b"vmmtrac\n"), ('we\x1bird "name".txt', b"x y\n")):
+                with self.subTest(name=name):
+                    path = os.path.join(d, name)
+                    with open(path, "wb") as f:
+                        f.write(content)
+                    r = subprocess.run([sys.executable, "-m", "vmmarena", "memviz", path, "-o", path + ".pickle"],
+                                       capture_output=True, text=True)
+                    shown = path.replace("\\", "\\\\").replace('"', '\\"').replace("\x1b", "\\x1b")
+                    self.assertEqual((r.returncode, r.stdout), (2, ""))
+                    self.assertEqual(r.stderr, f"vmmarena memviz: {shown}: no vmmtrace header "
+                                               '(a trace begins with the line "vmmtrace 2")\n')
+                    self.assertFalse(os.path.exists(path + ".pickle"))
+
+
 @unittest.skipIf(NO_LIBRARY, NO_LIBRARY)
 class RecordedTraces(unittest.TestCase):
     """The command on the committed traces, read back from the pickle."""

@@ -148,24 +148,37 @@ class BadInput(unittest.TestCase):
 
     def test_syntax(self):
         self.check("syntax", '{\n  "schema": "vmmarena.snapshot",\n  "version": 1,\n  oops\n}\n',
-                   r"line 4, column 3: Expecting property name")
+                   r"not JSON \(line 4 column 3: Expecting property name")
 
     def test_truncated(self):
-        self.check("truncated", self.sample[:1000], r"line \d+, column \d+: ")
+        self.check("truncated", self.sample[:1000], r"not JSON \(line \d+ column \d+: ")
 
     def test_empty(self):
-        self.check("empty", "", r"line 1, column 1: Expecting value")
+        self.check("empty", "", r"not JSON \(line 1 column 1: Expecting value\)$")
 
     def test_nan_and_repeated_keys(self):
-        self.check("nan", self.sample.replace('"bound": 1', '"bound": NaN'), r"NaN is not JSON")
-        self.check("repeated", '{"schema": "a", "schema": "b"}', r"key 'schema' appears twice")
+        self.check("nan", self.sample.replace('"bound": 1', '"bound": NaN'), r"not JSON \(NaN is not a JSON value\)$")
+        self.check("repeated", '{"schema": "a", "schema": "b"}',
+                   r'not a vmmarena snapshot \(key "schema" appears twice in one object\)$')
 
     def test_not_a_snapshot(self):
-        self.check("array", "[1, 2]", r"not a vmmarena snapshot: the document is an array")
+        self.check("array", "[1, 2]", r"not a vmmarena snapshot \(the document is an array, not an object\)$")
         self.check("schema", '{"schema": "something.else", "version": 1}',
-                   r'not a vmmarena snapshot: "schema" is "something.else", expected "vmmarena.snapshot"')
+                   r'not a vmmarena snapshot \("schema" is "something.else", expected "vmmarena.snapshot"\)$')
+        self.check("schema_type", '{"schema": 3}',
+                   r'not a vmmarena snapshot \("schema" is a number, expected "vmmarena.snapshot"\)$')
         self.check("version", '{"schema": "vmmarena.snapshot", "version": 1}',
                    r"snapshot version 1 is not supported \(this tool reads versions 2 and 3\)")
+
+    def test_a_text_file_and_a_json_file_that_is_no_snapshot(self):
+        """What a new user hands it first: any text file, any JSON file."""
+        self.check("text", "hello\n", r"not JSON \(line 1 column 1: Expecting value\)\n$")
+        self.check("other_json", '{"name": "x", "version": 3}\n', r'not a vmmarena snapshot \(no "schema" key\)\n$')
+        rc, out, err = run_stat(stdin=b'{"a": 1}')
+        self.assertEqual((rc, out, err),
+                         (2, "", 'vmmarena stat: standard input: not a vmmarena snapshot (no "schema" key)\n'))
+        rc, out, err = run_stat(stdin=b"caf\xe9")
+        self.assertEqual((rc, out, err), (2, "", "vmmarena stat: standard input: not JSON (not UTF-8 at byte 3)\n"))
 
     def test_wrong_keys_and_values(self):
         self.check("missing_key", self.sample.replace('"hits"', '"hitz"'), r'snapshot key "pool.hits" is missing')
@@ -186,8 +199,7 @@ class BadInput(unittest.TestCase):
         self.assertEqual(rc, 2)
         self.assertIn(f"cannot open {missing}: No such file or directory", err)
         rc, out, err = run_stat("a.json", "b.json")
-        self.assertEqual(rc, 2)
-        self.assertIn("usage: vmmarena", err)
+        self.assertEqual((rc, err), (2, "vmmarena stat: unexpected argument b.json (vmmarena stat --help)\n"))
         r = subprocess.run([sys.executable, "-m", "vmmarena", "stat", "--help"], capture_output=True, text=True)
         self.assertEqual(r.returncode, 0)
         self.assertIn("usage: vmmarena stat [-h] [FILE]", r.stdout)

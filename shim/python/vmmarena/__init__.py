@@ -19,16 +19,17 @@ not import torch. See docs/torch.md; the command line (`python3 -m vmmarena stat
 in docs/python.md.
 """
 
+from . import _process, _storage
 from ._lib import (
     VmmarenaConfigError,
     VmmarenaError,
-    config_check,
     library_path,
 )
+from ._lib import config_check as _config_check
 from ._lib import last_error as _last_error
 from ._lib import snapshot_json as _snapshot_json
-from ._process import install, installed
-from ._storage import KINDS, Storage, allocator, use_as_default
+from ._process import installed
+from ._storage import KINDS, allocator
 
 __all__ = [
     "KINDS",
@@ -66,3 +67,58 @@ def format_snapshot(snapshot):
     from ._stat import render
 
     return render(snapshot)
+
+
+# ---- The public boundary of a bad VMMARENA_* value ---------------------------------------
+# The entry points that check the environment raise VmmarenaConfigError from here, the function
+# the user called: its traceback starts at that call and runs through no private module
+# (vmmarena._lib, where the library's answer is read), and its last line names the public
+# class (vmmarena.VmmarenaConfigError) with the library's message: the variable, the value and
+# the rule the value broke.
+
+
+def _from_here(error):
+    """error with its traceback dropped, to be raised again from the public function."""
+    return error.with_traceback(None)
+
+
+def config_check():
+    """Parses the VMMARENA_* environment as the allocator will; raises VmmarenaConfigError (a
+    ValueError) naming the variable, the value and the rule if one is bad."""
+    try:
+        return _config_check()
+    except VmmarenaConfigError as e:
+        error = e
+    raise _from_here(error)
+
+
+def install():
+    try:
+        return _process.install()
+    except VmmarenaConfigError as e:
+        error = e
+    raise _from_here(error)
+
+
+def use_as_default(kind="package"):
+    try:
+        return _storage.use_as_default(kind)
+    except VmmarenaConfigError as e:
+        error = e
+    raise _from_here(error)
+
+
+install.__doc__ = _process.install.__doc__
+use_as_default.__doc__ = _storage.use_as_default.__doc__
+
+
+class Storage(_storage.Storage):
+    __doc__ = _storage.Storage.__doc__
+
+    def __init__(self, device=None):
+        try:
+            super().__init__(device)
+            return
+        except VmmarenaConfigError as e:
+            error = e
+        raise _from_here(error)

@@ -29,7 +29,13 @@ class VmmarenaError(RuntimeError):
 
 
 class VmmarenaConfigError(VmmarenaError, ValueError):
-    """A VMMARENA_* environment variable has a bad value; the message names it and the value."""
+    """A VMMARENA_* environment variable has a bad value; the message names it, the value and
+    the rule the value broke."""
+
+
+# Both are vmmarena.VmmarenaError and vmmarena.VmmarenaConfigError to their users: a traceback's
+# last line names them so, not by this private module.
+VmmarenaError.__module__ = VmmarenaConfigError.__module__ = "vmmarena"
 
 
 _lock = threading.Lock()

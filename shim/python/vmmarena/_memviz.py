@@ -8,6 +8,7 @@ replay tool uses, so both accept and refuse the same files with the same message
 """
 
 import bisect
+import os
 import pickle
 
 from . import _lib
@@ -44,9 +45,44 @@ def _record(r, status_names):
     }
 
 
+# What a file that is no trace is told: its first line is not the header.
+NO_HEADER = 'no vmmtrace header (a trace begins with the line "vmmtrace 2")'
+
+
+def escaped_name(path):
+    """The path as the library's reader writes it in its messages: printable ASCII as it is,
+    '\\' and '"' escaped, every other byte \\xNN (escape_name, src/trace_read.c)."""
+    out = []
+    for b in os.fsencode(path):
+        if b in b'\\"':
+            out.append("\\" + chr(b))
+        elif 0x20 <= b <= 0x7E:
+            out.append(chr(b))
+        else:
+            out.append(f"\\x{b:02x}")
+    return "".join(out)
+
+
+def lacks_header(path):
+    """Whether path is a plain file, not empty, whose first line does not begin with
+    "vmmtrace": a text file that is no trace, which the library's reader would answer with
+    what is wrong in its first line as a record ("5 fields, expected 10"). Gzip data, an
+    empty file and one that cannot be read are left to the reader, whose messages say so.
+    vmmarena-replay makes the same check (bench/replay.c), so both tools still agree."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(b"vmmtrace"))
+    except OSError:
+        return False
+    return bool(head) and not head.startswith(b"\x1f\x8b") and head != b"vmmtrace"
+
+
 def open_trace(path):
     """The library's reader on a plain or gzip trace (the file read and checked whole).
-    Raises TraceError with the reader's one-line message."""
+    Raises TraceError with the reader's one-line message, or "NAME: no vmmtrace header (...)"
+    for a text file that is no trace."""
+    if lacks_header(path):
+        raise TraceError(f"{escaped_name(path)}: {NO_HEADER}")
     try:
         return _lib.TraceReader(path)
     except _lib.TraceFileError as e:

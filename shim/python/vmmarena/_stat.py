@@ -27,31 +27,43 @@ class SnapshotError(ValueError):
 
 
 def _reject_constant(name):
-    raise ValueError(f"{name} is not JSON")
+    raise _NotJSON(f"{name} is not a JSON value")
+
+
+class _NotJSON(ValueError):
+    """NaN or Infinity, which the json module reads and JSON does not have."""
+
+
+class _RepeatedKey(ValueError):
+    pass
 
 
 def _no_duplicates(pairs):
     seen = {}
     for key, value in pairs:
         if key in seen:
-            raise ValueError(f"key {key!r} appears twice in one object")
+            raise _RepeatedKey(f'key "{_printable(key, 40)}" appears twice in one object')
         seen[key] = value
     return seen
 
 
 def parse(text):
-    """The document in `text` (str or bytes). Strict: no NaN or Infinity, no repeated key."""
+    """The document in `text` (str or bytes). Strict: no NaN or Infinity, no repeated key.
+    Raises SnapshotError: "not JSON (line L column C: what)" for what is no JSON document,
+    "not a vmmarena snapshot (...)" for a repeated key."""
     if isinstance(text, (bytes, bytearray)):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise SnapshotError(f"not UTF-8 at byte {e.start}") from None
+            raise SnapshotError(f"not JSON (not UTF-8 at byte {e.start})") from None
     try:
         return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as e:
-        raise SnapshotError(f"line {e.lineno}, column {e.colno}: {e.msg}") from None
-    except ValueError as e:  # from the hooks: json gives no position for these
-        raise SnapshotError(str(e)) from None
+        raise SnapshotError(f"not JSON (line {e.lineno} column {e.colno}: {e.msg})") from None
+    except _NotJSON as e:  # json gives no position for these
+        raise SnapshotError(f"not JSON ({e})") from None
+    except _RepeatedKey as e:
+        raise SnapshotError(f"not a vmmarena snapshot ({e})") from None
 
 
 def fmt_bytes(n):
@@ -344,11 +356,17 @@ def _renamed(doc):
 def render(doc):
     """The tables for a parsed snapshot, as one string ending in a newline."""
     if not isinstance(doc, dict):
-        raise SnapshotError(f"not a vmmarena snapshot: the document is {_article(_type_name(doc))} {_type_name(doc)}")
-    d = _Doc(doc)
-    schema = d.text("schema")
+        raise SnapshotError(f"not a vmmarena snapshot (the document is {_article(_type_name(doc))} {_type_name(doc)}, "
+                            "not an object)")
+    if "schema" not in doc:
+        raise SnapshotError('not a vmmarena snapshot (no "schema" key)')
+    schema = doc["schema"]
+    if not isinstance(schema, str):
+        raise SnapshotError(f'not a vmmarena snapshot ("schema" is {_article(_type_name(schema))} '
+                            f'{_type_name(schema)}, expected "{SCHEMA}")')
     if schema != SCHEMA:
-        raise SnapshotError(f'not a vmmarena snapshot: "schema" is "{schema[:40]}", expected "{SCHEMA}"')
+        raise SnapshotError(f'not a vmmarena snapshot ("schema" is "{_printable(schema, 40)}", expected "{SCHEMA}")')
+    d = _Doc(doc)
     version = d.u64("version")
     if version not in (2, VERSION):
         raise SnapshotError(f"snapshot version {version} is not supported (this tool reads versions 2 and {VERSION})")
