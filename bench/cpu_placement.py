@@ -1,20 +1,20 @@
 """Where the benchmark's worker processes run on the host.
 
-Timed runs of one mode differ from run to run by far more than the allocators do. On the GPU
-machines (docs/benchmarks.md, "Nineteenth session") slow and fast runs mostly alternated from
-one worker process to the next, in execution order (lag-1 autocorrelation of the runs' times
--0.24 to 0.30 in 11 of 13 time steps; two drifted, 0.58 and 0.72), as if each process drew its
-host speed when it started: which cores, which memory node. So every worker is kept on the CPUs next to
-the GPU (its NUMA node, from sysfs) while it loads, and each timed run on the same few of them,
-so that the modes compared draw alike (--no-pin runs without it).
+Timed runs of one mode differ from run to run by far more than the allocators do. In execution
+order, slow and fast runs mostly alternate from one worker process to the next (lag-1
+autocorrelation of the runs' times -0.24 to 0.30 in 11 of 13 time steps on an H200 and an H100,
+2026-12-05; two drifted, 0.58 and 0.72), as if each process drew its host speed when it started:
+which cores, which memory node. So every worker is kept on the CPUs next to the GPU (its NUMA
+node, from sysfs) while it loads, and each timed run on the same few of them, so that the modes
+compared draw alike (--no-pin runs without it).
 
-Measured in the twentieth session (one H100, whose 16 CPUs are all local to the GPU): it does
-not narrow the spread. Six rounds of smallpool each way in one call varied by 13.3% (native),
-13.8% and 13.2% pinned against 12.8%, 14.7% and 14.7% unpinned (coefficient of variation),
-with a lag-1 autocorrelation of 0.16 pinned and 0.45 unpinned (-0.06 to 0.27 in the session's
-other time steps, all pinned). Whatever a process draws, it is not which of these CPUs it runs
-on. The placement stays because it costs nothing and the JSON then says where every timed run
-ran.
+It does not narrow the spread (one H100 whose 16 CPUs are all local to the GPU, 2026-12-05,
+commit d442cfd; docs/benchmarks.md, "Alternatives measured"): six rounds of smallpool each way
+in one call varied by 13.3% (native), 13.8% and 13.2% placed against 12.8%, 14.7% and 14.7%
+unplaced (coefficient of variation), with a lag-1 autocorrelation of 0.16 placed and 0.45
+unplaced (-0.06 to 0.27 in the other time steps of that day's calls, all placed). Whatever a
+process draws, it is not which of these CPUs it runs on. The placement stays because it costs
+nothing and the JSON then says where every timed run ran.
 """
 import glob
 import os
