@@ -28,6 +28,7 @@ typedef struct plan {
   CUdeviceptr beside;     /* where the rest goes: right after grow or right before it */
   size_t beside_bytes;    /* the rest: the bytes of the other handles */
   CUstream **split_uses;  /* for apart[i] split early: a copy of its uses, for the piece that retires */
+  size_t n_split;         /* entries of split_uses (n_apart when made: an undo zeroes n_apart) */
 } plan;
 
 vmm_assembly_mode vmm_assembly_mode_for(const vmm_arena *a, vmm_kind kind) {
@@ -288,7 +289,10 @@ static int copy_split_uses(plan *p) {
   for (size_t i = 0; i < p->n_apart; i++) {
     const vmm_mapping *m = p->apart[i];
     if (!m->early || m == p->grow || all_taken(m) || !m->use_count) continue;
-    if (!p->split_uses && !(p->split_uses = calloc(p->n_apart, sizeof *p->split_uses))) return -1;
+    if (!p->split_uses) {
+      if (!(p->split_uses = calloc(p->n_apart, sizeof *p->split_uses))) return -1;
+      p->n_split = p->n_apart;
+    }
     if (!(p->split_uses[i] = malloc(m->use_count * sizeof **p->split_uses))) return -1;
     memcpy(p->split_uses[i], m->uses, m->use_count * sizeof **p->split_uses);
   }
@@ -296,7 +300,7 @@ static int copy_split_uses(plan *p) {
 }
 
 static void free_split_uses(plan *p) {
-  for (size_t i = 0; p->split_uses && i < p->n_apart; i++) free(p->split_uses[i]);
+  for (size_t i = 0; i < p->n_split; i++) free(p->split_uses[i]);
   free(p->split_uses);
   p->split_uses = NULL;
 }
