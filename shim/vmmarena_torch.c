@@ -292,6 +292,24 @@ int vmm_torch_process_allocate(size_t size, int device, CUstream stream, uint64_
   return (int)st;
 }
 
+int vmm_torch_process_free(void *ptr, int device, CUstream stream, char *msg, size_t cap) {
+  put_message(msg, cap, "%s", "");
+  if (!ptr) return VMM_OK;
+  if (!device_valid(device)) {
+    put_message(msg, cap, "free(%p) on device %d: %s", ptr, device, device_range_error());
+    return VMM_ERR_INVALID_ARGUMENT;
+  }
+  vmm_arena *a = __atomic_load_n(&arenas[device], __ATOMIC_ACQUIRE);
+  if (!a) {
+    put_message(msg, cap, "free(%p): device %d has no arena, so this is not its allocation", ptr, device);
+    return VMM_ERR_UNKNOWN_POINTER;
+  }
+  vmm_status st = vmm_arena_free(a, ptr, stream);
+  if (st == VMM_OK) return VMM_OK;
+  put_message(msg, cap, "free(%p) on device %d: %s", ptr, device, vmm_arena_last_error(a));
+  return keep_arena_error(device, a, st);
+}
+
 int vmm_torch_record_stream(void *ptr, CUstream stream, char *msg, size_t cap) {
   if (!ptr) return VMM_OK;
   for (int d = 0; d < VMM_MAX_DEVICES; d++) {
@@ -360,6 +378,16 @@ int vmm_torch_usage(int device, vmm_usage *out) {
 }
 
 size_t vmm_torch_usage_size(void) { return sizeof(vmm_usage); }
+
+int vmm_torch_arena_snapshot(int device, vmm_snapshot *out) {
+  if (!device_valid(device) || !out) return VMM_ERR_INVALID_ARGUMENT;
+  vmm_arena *a = __atomic_load_n(&arenas[device], __ATOMIC_ACQUIRE);
+  if (!a) {
+    memset(out, 0, sizeof *out);
+    return VMM_OK;
+  }
+  return (int)vmm_arena_snapshot(a, out);
+}
 
 int vmm_torch_reset_peaks(int device) { return on_existing(device, reset_peaks, VMM_POOL_SHARED); }
 

@@ -29,6 +29,7 @@ extern "C" {
 struct vmm_driver;
 struct vmm_trace_reader;
 struct vmm_trace_record;
+struct vmm_snapshot;
 struct vmm_usage;
 
 /* ---- PyTorch's allocator signatures -------------------------------------------------- */
@@ -101,6 +102,10 @@ VMM_TORCH_API int vmm_torch_kind(void);
  * vmm_torch_last_error. */
 VMM_TORCH_API int vmm_torch_process_allocate(size_t size, int device, CUstream stream, uint64_t pool, void **out,
                                              char *msg, size_t cap);
+/* vmm_arena_free of `device`'s arena: frees an allocation of vmm_torch_process_allocate on
+ * `stream` (the stream it was made for). NULL is a no-op. The status is returned and its
+ * message goes to msg (may be NULL) and to vmm_torch_last_error. */
+VMM_TORCH_API int vmm_torch_process_free(void *ptr, int device, CUstream stream, char *msg, size_t cap);
 /* vmm_arena_record_stream on the arena that holds `ptr` (the arenas that exist are asked in
  * device order). NULL is a no-op. VMM_ERR_UNKNOWN_POINTER when no arena holds it; the message
  * goes to msg. */
@@ -119,6 +124,9 @@ VMM_TORCH_API int vmm_torch_quiesce_existing(int device);
 VMM_TORCH_API int vmm_torch_empty_cache(char *msg, size_t cap);
 /* vmm_arena_usage of `device`'s arena into *out; all zeros when it has no arena. */
 VMM_TORCH_API int vmm_torch_usage(int device, struct vmm_usage *out);
+/* vmm_arena_snapshot of `device`'s arena into *out (the mapping counts and driver calls the
+ * native allocator's statistics report); all zeros when it has no arena. */
+VMM_TORCH_API int vmm_torch_arena_snapshot(int device, struct vmm_snapshot *out);
 /* sizeof(vmm_usage), which the Python package's ctypes copy of it must match. */
 VMM_TORCH_API size_t vmm_torch_usage_size(void);
 /* vmm_arena_reset_peaks of `device`'s arena; VMM_OK when it has none. */

@@ -73,6 +73,142 @@ VMM_TORCH_API void vmm_torch_process_end_pool(int device, vmm_torch_mempool_id i
  * in the driver keeps the pool waiting, vmm_torch_last_error(device) says why, and the next
  * end of a capture, release or empty_cache on the device tries again. */
 VMM_TORCH_API void vmm_torch_process_release_pool(int device, vmm_torch_mempool_id id);
+/* torch.cuda.MemPool's createOrIncrefPool: one use more of pool `id` of `device`, made (with a
+ * vmm_pool_id of its own) when it has none, with no capture begun. Throws std::runtime_error
+ * for a device out of range. */
+VMM_TORCH_API void vmm_torch_process_incref_pool(int device, vmm_torch_mempool_id id);
+}
+#endif
+
+/* ---- The native allocator's bookkeeping (shim/torch_allocator/vmmarena_allocator.cpp) ----
+ *
+ * vmmarena.install() makes vmmarena a c10::cuda::CUDACachingAllocator::CUDAAllocator, a thin
+ * C++ class built against the installed PyTorch. Everything that class needs to remember
+ * about an allocation lives here, in C-callable functions over the shim (and so on the fake
+ * driver in CI): each live allocation's device, size, stream and pool, PyTorch's statistics,
+ * the pools' live sets for cudagraph trees, and the checkpoints of those trees. Which memory
+ * serves a request, stream order and pools stay in the core (vmm_torch_process_allocate,
+ * vmm_arena_free); nothing here picks memory.
+ *
+ * Checkpoints (torch.compile mode="reduce-overhead"): a checkpoint lists the allocations live
+ * in a pool. An allocation a live checkpoint lists is, when PyTorch frees it, not given back
+ * to the arena but kept ("held") until no checkpoint lists it, so that restoring the
+ * checkpoint can hand it back at the same address. Restoring frees what the pool holds now
+ * and the checkpoint does not list, and makes what it lists live again. */
+
+/* One of PyTorch's statistics (c10::CachingAllocator::Stat). */
+typedef struct vmm_torch_stat {
+  int64_t current, peak, allocated, freed;
+} vmm_torch_stat;
+
+/* c10::CachingDeviceAllocator::DeviceStats, in PyTorch's units with vmmarena's meaning
+ * (docs/torch.md, "Statistics"): [0] all, [1] small_pool (requests of 1 MiB or less), [2]
+ * large_pool. An allocation is a block; a mapping (a page or a whole mapping) a segment;
+ * reserved bytes are the physical bytes the arena holds. */
+typedef struct vmm_torch_device_stats {
+  vmm_torch_stat allocation[3];           /* live allocations through the native allocator */
+  vmm_torch_stat segment[3];              /* mappings: current now, peak as seen by the queries */
+  vmm_torch_stat active[3];               /* as allocation */
+  vmm_torch_stat inactive_split[3];       /* 0: no split blocks */
+  vmm_torch_stat allocated_bytes[3];      /* all: the arena's extents handed out (vmm_usage); small/large: requested */
+  vmm_torch_stat reserved_bytes[3];       /* all: the arena's physical bytes (vmm_usage) */
+  vmm_torch_stat active_bytes[3];         /* as allocated_bytes */
+  vmm_torch_stat inactive_split_bytes[3]; /* 0 */
+  vmm_torch_stat requested_bytes[3];      /* bytes requested, exactly */
+  int64_t num_alloc_retries;              /* vmm_usage.cache_releases since the last reset */
+  int64_t num_ooms;                       /* vmm_usage.refusals since the last reset */
+  vmm_torch_stat oversize_allocations, oversize_segments; /* 0 */
+  int64_t num_sync_all_streams;           /* cuCtxSynchronize calls */
+  int64_t num_device_alloc, num_device_free; /* cuMemCreate, cuMemRelease calls */
+  int64_t max_split_size;                 /* -1: no limit */
+  int64_t cached_bytes;                   /* vmm_usage.cached_bytes (not one of PyTorch's) */
+  int64_t held_count, held_bytes;         /* allocations held for checkpoints (not one of PyTorch's) */
+} vmm_torch_device_stats;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Allocates `size` bytes through vmm_torch_process_allocate into the pool the captures
+ * underway route `stream` to, and records it. Size 0 stores NULL and returns VMM_OK. On
+ * failure *out is NULL, the status is returned and the arena's message goes to msg. */
+VMM_TORCH_API int vmm_torch_native_alloc(size_t size, int device, CUstream stream, void **out, char *msg,
+                                         size_t cap);
+/* Frees an allocation of vmm_torch_native_alloc (on the stream it was made for; the arena
+ * orders reuse after the streams record_stream added), or holds it for a checkpoint.
+ * VMM_ERR_UNKNOWN_POINTER (message in msg) for a pointer it did not hand out; NULL is a no-op.
+ * *device (may be NULL) gets the allocation's device, -1 if unknown. */
+VMM_TORCH_API int vmm_torch_native_free(void *ptr, int *device, char *msg, size_t cap);
+/* The live allocation that holds `ptr` (its base or inside it): its device, base and size.
+ * VMM_ERR_UNKNOWN_POINTER when none does. */
+VMM_TORCH_API int vmm_torch_native_lookup(void *ptr, int *device, void **base, size_t *size);
+/* PyTorch's statistics of `device` (zeros with no arena). VMM_ERR_INVALID_ARGUMENT for a bad
+ * device. */
+VMM_TORCH_API int vmm_torch_native_stats(int device, vmm_torch_device_stats *out);
+/* sizeof(vmm_torch_device_stats), for ctypes. */
+VMM_TORCH_API size_t vmm_torch_native_stats_size(void);
+/* resetPeakStats: every peak (the arena's too) to its current value. */
+VMM_TORCH_API int vmm_torch_native_reset_peaks(int device);
+/* resetAccumulatedStats: the allocated/freed counts and num_ooms, num_alloc_retries to 0. */
+VMM_TORCH_API int vmm_torch_native_reset_accumulated(int device);
+/* Uses of pool (first, second) of `device`: createOrIncrefPool, captures and use_mem_pool
+ * blocks begun, less releases; 0 for a pool it does not know. */
+VMM_TORCH_API int vmm_torch_native_pool_uses(int device, unsigned long long first, unsigned long long second);
+/* checkPoolLiveAllocations: 1 when the allocations live in pool (first, second) are exactly
+ * the n pointers of `ptrs` (duplicates allowed), else 0. */
+VMM_TORCH_API int vmm_torch_native_pool_live_equal(int device, unsigned long long first, unsigned long long second,
+                                                   void *const *ptrs, size_t n);
+
+/* A checkpoint of a pool (getCheckpointState). */
+typedef struct vmm_torch_checkpoint vmm_torch_checkpoint;
+/* Lists the allocations live in pool (first, second) of `device` into *out. A pool it does
+ * not know: VMM_ERR_INVALID_ARGUMENT, the message in msg. */
+VMM_TORCH_API int vmm_torch_native_checkpoint(int device, unsigned long long first, unsigned long long second,
+                                              vmm_torch_checkpoint **out, char *msg, size_t cap);
+/* The checkpoint's device, and how many allocations it lists. */
+VMM_TORCH_API int vmm_torch_native_checkpoint_device(const vmm_torch_checkpoint *c);
+VMM_TORCH_API size_t vmm_torch_native_checkpoint_count(const vmm_torch_checkpoint *c);
+/* Drops a checkpoint: what only it held goes back to the arena. NULL is a no-op. */
+VMM_TORCH_API void vmm_torch_native_checkpoint_drop(vmm_torch_checkpoint *c);
+/* setCheckpointPoolState: the pool's live allocations become exactly those the checkpoint
+ * lists. Into freed (room for freed_cap) go the allocations live in the pool before the call
+ * (those it does not list are freed); into allocd (room for allocd_cap) those it lists (live
+ * again, at their addresses); a pointer may be in both. The counts go to *n_freed and
+ * *n_allocd. Room for vmm_torch_native_checkpoint_count(c) plus the pool's live allocations
+ * is enough; too little: VMM_ERR_INVALID_ARGUMENT, nothing changed. A listed allocation that
+ * is neither live nor held (the pool was released since): VMM_ERR_INVALID_ARGUMENT, nothing
+ * changed. Messages go to msg. */
+VMM_TORCH_API int vmm_torch_native_restore(vmm_torch_checkpoint *c, void **freed, size_t freed_cap, size_t *n_freed,
+                                           void **allocd, size_t allocd_cap, size_t *n_allocd, char *msg, size_t cap);
+/* Allocations live in pool (first, second) of `device` now (0 for an unknown pool). */
+VMM_TORCH_API size_t vmm_torch_native_pool_live_count(int device, unsigned long long first, unsigned long long second);
+
+/* One block of snapshot(): a live allocation, or the free room between them. */
+typedef struct vmm_torch_block {
+  uintptr_t address;
+  size_t size;      /* the allocation's size, or the free room's */
+  size_t requested; /* bytes requested; 0 for free room */
+  int state;        /* 0 free, 1 allocated, 2 held for a checkpoint */
+} vmm_torch_block;
+/* One segment of snapshot(): a mapping of the arena. */
+typedef struct vmm_torch_segment {
+  uintptr_t address;
+  size_t size;                      /* the mapping's extent */
+  CUstream stream;                  /* the stream of its first live allocation, else NULL */
+  unsigned long long pool_first, pool_second; /* PyTorch's pool; (0, 0) for the shared cache */
+  int is_page;                      /* a page of slots (PyTorch's small pool) */
+  size_t first_block, block_count;  /* its blocks in the block array */
+} vmm_torch_segment;
+/* The segments and blocks of `device` (pool (first, second) only, unless both are 0), by
+ * address: fills at most seg_cap segments and block_cap blocks and stores how many there are
+ * in *n_seg and *n_block; call again with more room when either count exceeds its room.
+ * VMM_OK with nothing when the device has no arena. */
+VMM_TORCH_API int vmm_torch_native_segments(int device, unsigned long long first, unsigned long long second,
+                                            vmm_torch_segment *segs, size_t seg_cap, size_t *n_seg,
+                                            vmm_torch_block *blocks, size_t block_cap, size_t *n_block, char *msg,
+                                            size_t cap);
+
+#ifdef __cplusplus
 }
 #endif
 
@@ -95,6 +231,8 @@ VMM_TORCH_API int vmm_torch_process_test_end_pool(int device, unsigned long long
                                                   char *msg, size_t cap);
 VMM_TORCH_API int vmm_torch_process_test_release_pool(int device, unsigned long long first,
                                                       unsigned long long second, char *msg, size_t cap);
+VMM_TORCH_API int vmm_torch_process_test_incref_pool(int device, unsigned long long first, unsigned long long second,
+                                                     char *msg, size_t cap);
 /* The vmm_pool_id that PyTorch's pool (first, second) of `device` maps to, and its use count
  * in *uses (may be NULL); 0 (and 0 uses) when the pool is not known. */
 VMM_TORCH_API uint64_t vmm_torch_process_pool_of(int device, unsigned long long first, unsigned long long second,

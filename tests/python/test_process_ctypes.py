@@ -110,6 +110,108 @@ def pool_of(pool_id, device=0):
     return shim.vmm_torch_process_pool_of(device, pool_id[0], pool_id[1], ctypes.byref(uses)), uses.value
 
 
+# ---- The native allocator's bookkeeping (vmm_torch_native_*) ------------------------------
+
+
+class Stat(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in ("current", "peak", "allocated", "freed")]
+
+
+STAT_ARRAYS = ("allocation", "segment", "active", "inactive_split", "allocated_bytes", "reserved_bytes", "active_bytes",
+               "inactive_split_bytes", "requested_bytes")
+
+
+class DeviceStats(ctypes.Structure):
+    """vmm_torch_device_stats (shim/vmmarena_torch_process.h)."""
+
+    _fields_ = ([(name, Stat * 3) for name in STAT_ARRAYS]
+                + [("num_alloc_retries", ctypes.c_int64), ("num_ooms", ctypes.c_int64),
+                   ("oversize_allocations", Stat), ("oversize_segments", Stat)]
+                + [(name, ctypes.c_int64) for name in ("num_sync_all_streams", "num_device_alloc", "num_device_free",
+                                                       "max_split_size", "cached_bytes", "held_count", "held_bytes")])
+
+
+class Segment(ctypes.Structure):
+    _fields_ = [("address", ctypes.c_size_t), ("size", ctypes.c_size_t), ("stream", ctypes.c_void_p),
+                ("pool_first", ctypes.c_ulonglong), ("pool_second", ctypes.c_ulonglong), ("is_page", ctypes.c_int),
+                ("first_block", ctypes.c_size_t), ("block_count", ctypes.c_size_t)]
+
+
+class Block(ctypes.Structure):
+    _fields_ = [("address", ctypes.c_size_t), ("size", ctypes.c_size_t), ("requested", ctypes.c_size_t),
+                ("state", ctypes.c_int)]
+
+
+def _native_prototypes():
+    if not hasattr(shim, "vmm_torch_native_alloc"):
+        return False
+    c_int, c_size, c_void, c_buf, c_ull = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_ulonglong
+    P = ctypes.POINTER
+    protos = {
+        "vmm_torch_native_alloc": (c_int, c_size, c_int, c_void, P(c_void), c_buf, c_size),
+        "vmm_torch_native_free": (c_int, c_void, P(c_int), c_buf, c_size),
+        "vmm_torch_native_lookup": (c_int, c_void, P(c_int), P(c_void), P(c_size)),
+        "vmm_torch_native_stats": (c_int, c_int, P(DeviceStats)),
+        "vmm_torch_native_stats_size": (c_size,),
+        "vmm_torch_native_reset_peaks": (c_int, c_int),
+        "vmm_torch_native_reset_accumulated": (c_int, c_int),
+        "vmm_torch_native_pool_uses": (c_int, c_int, c_ull, c_ull),
+        "vmm_torch_native_pool_live_equal": (c_int, c_int, c_ull, c_ull, P(c_void), c_size),
+        "vmm_torch_native_pool_live_count": (c_size, c_int, c_ull, c_ull),
+        "vmm_torch_native_checkpoint": (c_int, c_int, c_ull, c_ull, P(c_void), c_buf, c_size),
+        "vmm_torch_native_checkpoint_count": (c_size, c_void),
+        "vmm_torch_native_checkpoint_drop": (None, c_void),
+        "vmm_torch_native_restore": (c_int, c_void, P(c_void), c_size, P(c_size), P(c_void), c_size, P(c_size), c_buf,
+                                     c_size),
+        "vmm_torch_process_test_incref_pool": (c_int, c_int, c_ull, c_ull, c_buf, c_size),
+        "vmm_torch_native_segments": (c_int, c_int, c_ull, c_ull, P(Segment), c_size, P(c_size), P(Block), c_size,
+                                      P(c_size), c_buf, c_size),
+    }
+    for name, (restype, *argtypes) in protos.items():
+        fn = getattr(shim, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return True
+
+
+NATIVE = _native_prototypes()
+
+
+def native_take(size, stream=A, device=0):
+    out, msg = ctypes.c_void_p(), ctypes.create_string_buffer(1024)
+    status = shim.vmm_torch_native_alloc(size, device, stream, ctypes.byref(out), msg, len(msg))
+    if status != _lib.VMM_OK:
+        raise AssertionError(f"native alloc({size}) failed: {_lib.status_name(status)}: {msg.value.decode()}")
+    return out.value
+
+
+def native_free(ptr):
+    """(status, message)."""
+    msg = ctypes.create_string_buffer(1024)
+    return shim.vmm_torch_native_free(ptr, None, msg, len(msg)), msg.value.decode()
+
+
+def native_stats(device=0):
+    out = DeviceStats()
+    assert shim.vmm_torch_native_stats(device, ctypes.byref(out)) == _lib.VMM_OK
+    return out
+
+
+def native_segments(pool=(0, 0)):
+    """[(Segment, [Block...])]."""
+    segs, blocks = (Segment * 64)(), (Block * 512)()
+    n_seg, n_block, msg = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.create_string_buffer(1024)
+    status = shim.vmm_torch_native_segments(0, pool[0], pool[1], segs, 64, ctypes.byref(n_seg), blocks, 512,
+                                            ctypes.byref(n_block), msg, len(msg))
+    assert status == _lib.VMM_OK and n_seg.value <= 64 and n_block.value <= 512, msg.value
+    return [(segs[i], [blocks[b] for b in range(segs[i].first_block, segs[i].first_block + segs[i].block_count)])
+            for i in range(n_seg.value)]
+
+
+def live_equal(pool, ptrs):
+    arr = (ctypes.c_void_p * max(len(ptrs), 1))(*ptrs)
+    return shim.vmm_torch_native_pool_live_equal(0, pool[0], pool[1], arr, len(ptrs))
+
+
 class Base(unittest.TestCase):
     def setUp(self):
         self.saved_env = fake_driver.clear_settings()
@@ -588,7 +690,7 @@ class FakeTorch:
 
         class Hooks:
             def __getattr__(self, name):
-                if name not in _process.HOOKS:
+                if name != _process.MEMORY_FRACTION_HOOK[0]:
                     raise AttributeError(name)
                 return lambda address: torch.hooks.__setitem__(name, address)
 
@@ -635,14 +737,28 @@ class FakeTorch:
         self.__version__ = "0.0-fake"
 
 
+class FakeNative:
+    """Stands in for the module build_native() compiles: records what install() asks of it."""
+
+    def __init__(self):
+        self.installs = []
+
+    def install(self, address):
+        self.installs.append(address)
+
+
 @unittest.skipUnless(HOOKS, "the shim was built without its C++ part")
 class Install(Base):
     def setUp(self):
         super().setUp()
         self.saved_torch = sys.modules.get("torch")
         self.torch = sys.modules["torch"] = FakeTorch()
+        self.native = FakeNative()
+        self.saved_build = _process.build_native
+        _process.build_native = lambda verbose=False: self.native
 
     def tearDown(self):
+        _process.build_native = self.saved_build
         _process._allocator = None
         _storage._default_kind = None
         _storage._allocators.clear()  # they were made by the stand-in torch
@@ -655,26 +771,38 @@ class Install(Base):
     def address(self, symbol):
         return ctypes.cast(getattr(shim, symbol), ctypes.c_void_p).value
 
-    def test_install_sets_every_hook_and_the_statistics(self):
+    def test_install_registers_the_native_allocator(self):
         shim.vmm_torch_set_driver_for_testing(None)
         _lib.set_caching(False)
         shim.vmm_torch_set_driver_for_testing(fake.fake_driver_reset(None))
         vmmarena.install()
         self.assertTrue(vmmarena.installed())
         self.assertEqual(shim.vmm_torch_caching(), 1)
-        allocator = self.torch.current
-        self.assertEqual(allocator.args, (_lib.loaded_path(), "vmm_torch_process_malloc", "vmm_torch_free"))
-        self.assertEqual(self.torch.hooks, {setter: self.address(symbol) for setter, symbol in _process.HOOKS.items()})
-        self.assertIs(self.torch._C._cuda_memoryStats, _torch_stats.memory_stats)
-        self.assertEqual(self.torch._C._cuda_getMemoryFraction(0), 1.0)
-        with self.assertRaises(vmmarena.VmmarenaError) as cm:
-            self.torch._C._cuda_getCheckpointState(0, (1, 0))
-        self.assertIn("mode='reduce-overhead'", str(cm.exception))
+        # The module is told which copy of the library the package loaded (it checks its own link).
+        self.assertEqual(self.native.installs, [self.address("vmm_torch_native_alloc")])
+        self.assertIsNone(self.torch.current, "install() went through the pluggable allocator")
+        self.assertIsNone(self.torch._C._cuda_memoryStats, "install() patched PyTorch's statistics bindings")
         vmmarena.install()  # a second call does nothing
-        self.assertIs(self.torch.current, allocator)
+        self.assertEqual(len(self.native.installs), 1)
         with self.assertRaises(vmmarena.VmmarenaError) as cm:
             vmmarena.use_as_default()
         self.assertIn("install() already made vmmarena PyTorch's allocator", str(cm.exception))
+
+    def test_a_refused_registration_is_one_error_and_leaves_caching_off(self):
+        shim.vmm_torch_set_driver_for_testing(None)
+        _lib.set_caching(False)
+
+        def refuse(address):
+            raise RuntimeError("vmmarena.install() must run before CUDA is initialized: PyTorch's allocator (native) is "
+                               "in use already")
+
+        self.native.install = refuse
+        with self.assertRaises(vmmarena.VmmarenaError) as cm:
+            vmmarena.install()
+        self.assertIn("install(): vmmarena.install() must run before CUDA is initialized", str(cm.exception))
+        self.assertFalse(vmmarena.installed())
+        self.assertEqual(shim.vmm_torch_caching(), 0)
+        shim.vmm_torch_set_driver_for_testing(fake.fake_driver_reset(None))
 
     def test_use_as_default_answers_the_statistics_and_the_memory_fraction(self):
         shim.vmm_torch_set_driver_for_testing(None)
@@ -798,6 +926,193 @@ class Install(Base):
         self.assertEqual({containing(p, snap())["state"] for p in in_a}, {"live"})
         for ptr in in_a + [in_b, plain]:
             free(ptr)
+
+
+@unittest.skipUnless(NATIVE, "the shim was built without its C++ part")
+class NativeBookkeeping(Base):
+    """What the native allocator class keeps in the shim: allocations, statistics, snapshot
+    segments, pools and the checkpoints of cudagraph trees."""
+
+    def test_the_stats_struct_matches(self):
+        self.assertEqual(shim.vmm_torch_native_stats_size(), ctypes.sizeof(DeviceStats))
+
+    def test_allocations_are_counted_in_pytorchs_terms(self):
+        small, mid, large = native_take(4 * KiB), native_take(2 * MiB), native_take(6 * MiB + 5)
+        s = native_stats()
+        self.assertEqual([s.allocation[t].current for t in range(3)], [3, 1, 2])
+        self.assertEqual(s.requested_bytes[0].current, 4 * KiB + 8 * MiB + 5)
+        self.assertEqual(s.allocated_bytes[0].current, _lib.usage(0)["allocated_bytes"])
+        self.assertEqual(s.reserved_bytes[0].current, _lib.usage(0)["reserved_bytes"])
+        self.assertEqual(s.segment[0].current, 3, "three mappings: a page and two whole ones")
+        self.assertEqual((s.segment[1].current, s.segment[2].current), (1, 2))
+        self.assertEqual(s.max_split_size, -1)
+        self.assertEqual(s.num_device_alloc, calls("cuMemCreate"))
+        self.assertEqual(native_free(mid), (_lib.VMM_OK, ""))
+        status, msg = native_free(mid)
+        self.assertEqual(status, _lib.VMM_ERR_UNKNOWN_POINTER)
+        self.assertIn("not a live allocation of vmmarena's native allocator", msg)
+        s = native_stats()
+        self.assertEqual((s.allocation[0].current, s.allocation[0].peak, s.allocation[0].allocated,
+                          s.allocation[0].freed), (2, 3, 3, 1))
+        self.assertEqual(shim.vmm_torch_native_reset_accumulated(0), _lib.VMM_OK)
+        self.assertEqual(shim.vmm_torch_native_reset_peaks(0), _lib.VMM_OK)
+        s = native_stats()
+        self.assertEqual((s.allocation[0].current, s.allocation[0].peak, s.allocation[0].allocated), (2, 2, 0))
+        self.assertEqual(s.allocated_bytes[0].peak, s.allocated_bytes[0].current)
+        base, size, dev = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_int()
+        self.assertEqual(shim.vmm_torch_native_lookup(large + 100, ctypes.byref(dev), ctypes.byref(base),
+                                                      ctypes.byref(size)), _lib.VMM_OK)
+        self.assertEqual((dev.value, base.value, size.value), (0, large, 6 * MiB + 5))
+        for ptr in (small, large):
+            self.assertEqual(native_free(ptr)[0], _lib.VMM_OK)
+        self.assertEqual(native_stats().allocation[0].current, 0)
+
+    def test_an_oom_counts_and_records_nothing(self):
+        before = native_stats()
+        out, msg = ctypes.c_void_p(), ctypes.create_string_buffer(1024)
+        status = shim.vmm_torch_native_alloc(1 << 50, 0, A, ctypes.byref(out), msg, len(msg))
+        self.assertNotEqual(status, _lib.VMM_OK)
+        self.assertIsNone(out.value)
+        self.assertTrue(msg.value, "no message for the refusal")
+        after = native_stats()
+        self.assertEqual(after.allocation[0].current, before.allocation[0].current)
+
+    def test_segments_tile_their_mappings_and_show_each_allocation(self):
+        slots = [native_take(4 * KiB) for _ in range(3)]
+        whole = native_take(6 * MiB)
+        native_free(slots[1])
+        segments = native_segments()
+        self.assertEqual(len(segments), 2)
+        for seg, blocks in segments:
+            self.assertEqual(sum(b.size for b in blocks), seg.size, "the blocks do not tile the segment")
+            self.assertEqual([b.address for b in blocks], sorted(b.address for b in blocks))
+            self.assertEqual(blocks[0].address, seg.address)
+        live = {b.address: b for _, blocks in segments for b in blocks if b.state == 1}
+        self.assertEqual(set(live), {slots[0], slots[2], whole})
+        self.assertEqual(live[whole].requested, 6 * MiB)
+        page = next(seg for seg, _ in segments if seg.is_page)
+        self.assertEqual(page.size, 2 * MiB)
+        self.assertEqual(page.stream, A.value)
+        total = sum(b.size for _, blocks in segments for b in blocks if b.state == 1)
+        self.assertEqual(total, native_stats().allocated_bytes[0].current, "snapshot and memory_stats disagree")
+        for ptr in (slots[0], slots[2], whole):
+            native_free(ptr)
+
+    def test_mempool_uses(self):
+        pool = (0, 77)
+        self.assertEqual(shim.vmm_torch_native_pool_uses(0, *pool), 0)
+        self.assertEqual(hook("incref_pool", 0, *pool), "")  # torch.cuda.MemPool(): one use, no capture
+        self.assertEqual(shim.vmm_torch_native_pool_uses(0, *pool), 1)
+        self.assertEqual(shim.vmm_torch_process_captures(0, None), 0)
+        self.assertIn("out of range", hook("incref_pool", 64, *pool))
+        on_a = StreamFilter(A)
+        self.assertEqual(begin(pool, on_a), "")  # use_mem_pool(pool)
+        self.assertEqual(shim.vmm_torch_native_pool_uses(0, *pool), 2)
+        ptr = native_take(6 * MiB, stream=A)
+        self.assertEqual(live_equal(pool, [ptr]), 1)
+        self.assertEqual(live_equal(pool, []), 0)
+        self.assertEqual(end(pool), "")
+        native_free(ptr)
+        self.assertEqual(live_equal(pool, []), 1)
+        segs = native_segments(pool)
+        self.assertEqual([(s.pool_first, s.pool_second) for s, _ in segs], [pool], "the pool's cached mapping")
+        self.assertEqual(release(pool), "")  # use_mem_pool's end
+        self.assertEqual(shim.vmm_torch_native_pool_uses(0, *pool), 1)
+        self.assertEqual(release(pool), "")  # ~MemPool
+        self.assertEqual(shim.vmm_torch_native_pool_uses(0, *pool), 0)
+        self.assertEqual(native_segments(pool), [], "a released pool still lists segments")
+
+    def checkpoint(self, pool):
+        out, msg = ctypes.c_void_p(), ctypes.create_string_buffer(1024)
+        status = shim.vmm_torch_native_checkpoint(0, pool[0], pool[1], ctypes.byref(out), msg, len(msg))
+        self.assertEqual(status, _lib.VMM_OK, msg.value)
+        return out.value
+
+    def restore(self, state):
+        freed, allocd = (ctypes.c_void_p * 16)(), (ctypes.c_void_p * 16)()
+        n_freed, n_allocd, msg = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.create_string_buffer(1024)
+        status = shim.vmm_torch_native_restore(state, freed, 16, ctypes.byref(n_freed), allocd, 16,
+                                               ctypes.byref(n_allocd), msg, len(msg))
+        self.assertEqual(status, _lib.VMM_OK, msg.value)
+        return set(freed[:n_freed.value]), set(allocd[:n_allocd.value])
+
+    def test_a_checkpoint_holds_what_it_lists_and_restores_it(self):
+        pool, on_a = (5, 0), StreamFilter(A)
+        self.assertEqual(begin(pool, on_a), "")  # the graph that keeps the pool alive
+        a, b = native_take(4 * MiB, stream=A), native_take(2 * MiB, stream=A)
+        state = self.checkpoint(pool)
+        self.assertEqual(shim.vmm_torch_native_checkpoint_count(state), 2)
+        # A path ends: a is freed, but the checkpoint lists it, so the arena keeps it.
+        self.assertEqual(native_free(a)[0], _lib.VMM_OK)
+        s = native_stats()
+        self.assertEqual((s.held_count, s.held_bytes, s.allocation[0].current), (1, 4 * MiB, 1))
+        self.assertEqual(containing(a)["state"], "live", "the held allocation went back to the arena")
+        c = native_take(4 * MiB, stream=A)
+        self.assertNotEqual(c, a, "a new allocation of the pool got memory a checkpoint holds")
+        self.assertEqual(live_equal(pool, [b, c]), 1)
+        # Restoring: c (not listed) is freed, a is live again at its address, b stays.
+        freed, allocd = self.restore(state)
+        self.assertEqual((freed, allocd), ({b, c}, {a, b}))
+        self.assertEqual(live_equal(pool, [a, b]), 1)
+        self.assertEqual(native_stats().held_count, 0)
+        self.assertEqual(native_free(a)[0], _lib.VMM_OK)  # held again: the checkpoint still lists it
+        self.assertEqual(native_stats().held_count, 1)
+        shim.vmm_torch_native_checkpoint_drop(state)  # the last checkpoint: a goes back
+        self.assertEqual(native_stats().held_count, 0)
+        self.assertEqual(containing(a)["state"], "pooled")
+        native_free(b)
+        self.assertEqual(end(pool), "")
+        self.assertEqual(release(pool), "")
+
+    def test_a_checkpoint_of_an_unknown_pool_is_refused(self):
+        out, msg = ctypes.c_void_p(), ctypes.create_string_buffer(1024)
+        status = shim.vmm_torch_native_checkpoint(0, 123, 0, ctypes.byref(out), msg, len(msg))
+        self.assertEqual(status, _lib.VMM_ERR_INVALID_ARGUMENT)
+        self.assertIn("pool (123, 0) of device 0 is not in use", msg.value.decode())
+
+
+class NativeBuild(unittest.TestCase):
+    """build_native()'s checks, which need no compiler to test."""
+
+    def ext(self, **kw):
+        return types.SimpleNamespace(**dict({"CUDA_HOME": "/usr/local/cuda", "is_ninja_available": lambda: True}, **kw))
+
+    def torch(self, version="2.11.0+cu130", cuda="13.0"):
+        return types.SimpleNamespace(__version__=version, version=types.SimpleNamespace(cuda=cuda))
+
+    def test_another_pytorch_is_one_line_saying_which(self):
+        with self.assertRaises(vmmarena.VmmarenaError) as cm:
+            _process._check_buildable(self.torch("2.10.1"), self.ext())
+        self.assertIn("PyTorch 2.10.1: vmmarena's native allocator is written for the allocator interface of "
+                      "PyTorch 2.11", str(cm.exception))
+        self.assertNotIn("\n", str(cm.exception))
+
+    def test_no_compiler_ninja_or_cuda_headers(self):
+        saved = os.environ.get("CXX")
+        os.environ["CXX"] = "/nonexistent/c++"
+        try:
+            with self.assertRaises(vmmarena.VmmarenaError) as cm:
+                _process._check_buildable(self.torch(), self.ext())
+            self.assertIn("needs a C++ compiler and '/nonexistent/c++' is not on PATH", str(cm.exception))
+        finally:
+            if saved is None:
+                del os.environ["CXX"]
+            else:
+                os.environ["CXX"] = saved
+        with self.assertRaises(vmmarena.VmmarenaError) as cm:
+            _process._check_buildable(self.torch(), self.ext(CUDA_HOME=None))
+        self.assertIn("CUDA toolkit's headers", str(cm.exception))
+
+    def test_the_sources_are_found_and_the_cache_key_follows_them(self):
+        source, include = _process.native_sources()
+        self.assertTrue(source.endswith("vmmarena_allocator.cpp"))
+        key = _process._cache_key(self.torch(), source, include)
+        self.assertNotEqual(key, _process._cache_key(self.torch("2.11.1"), source, include))
+        os.environ[_process.NATIVE_CACHE] = "/tmp/vmmarena-native-test"
+        try:
+            self.assertEqual(_process.native_cache_dir(), "/tmp/vmmarena-native-test")
+        finally:
+            del os.environ[_process.NATIVE_CACHE]
 
 
 class WithoutTorch(Base):

@@ -1,4 +1,6 @@
-"""PyTorch's CUDA memory statistics answered from vmmarena (whole-process mode).
+"""PyTorch's CUDA memory statistics answered from vmmarena for use_as_default(), whose
+allocator is PyTorch's pluggable one. (vmmarena.install() needs none of this: its native
+allocator class answers getDeviceStats itself, from vmm_torch_native_stats.)
 
 With a pluggable allocator PyTorch's own getDeviceStats raises "does not yet support
 getDeviceStats". torch.cuda.memory_stats(), memory_allocated(), max_memory_allocated(),
