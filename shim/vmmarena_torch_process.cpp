@@ -331,6 +331,7 @@ struct DeviceBlocks {
   vmm_torch_stat allocation[3]{};
   vmm_torch_stat requested[3]{};
   int64_t segment_peak[3]{};
+  int64_t reserved_peak[3]{};  // small and large pool: the peaks of the split below ([0] unused)
   uint64_t ooms_base = 0, retries_base = 0;  // vmm_usage counters at the last reset
   int64_t held_bytes = 0;
 };
@@ -375,6 +376,7 @@ void forget_blocks() {
     std::memset(d.allocation, 0, sizeof d.allocation);
     std::memset(d.requested, 0, sizeof d.requested);
     std::memset(d.segment_peak, 0, sizeof d.segment_peak);
+    std::memset(d.reserved_peak, 0, sizeof d.reserved_peak);
     d.ooms_base = d.retries_base = 0;
     d.held_bytes = 0;
   }
@@ -591,6 +593,15 @@ int vmm_torch_native_stats(int device, vmm_torch_device_stats *out) {
   out->allocated_bytes[0].peak = static_cast<int64_t>(u.allocated_peak_bytes);
   out->reserved_bytes[0] = vmm_torch_stat{static_cast<int64_t>(u.reserved_bytes),
                                           static_cast<int64_t>(u.reserved_peak_bytes), 0, 0};
+  // Split as the segments are: the small pool holds the carved pages (one granule each), the
+  // large pool everything else the arena holds (whole mappings and idle cached handles).
+  const int64_t small = std::min<int64_t>(pages * static_cast<int64_t>(s.granularity),
+                                          static_cast<int64_t>(u.reserved_bytes));
+  const int64_t split[2] = {small, static_cast<int64_t>(u.reserved_bytes) - small};
+  for (int t = 1; t < 3; t++) {
+    d.reserved_peak[t] = std::max(d.reserved_peak[t], split[t - 1]);
+    out->reserved_bytes[t] = vmm_torch_stat{split[t - 1], d.reserved_peak[t], 0, 0};
+  }
   for (int t = 0; t < 3; t++) out->active_bytes[t] = out->allocated_bytes[t];
   out->num_alloc_retries = static_cast<int64_t>(u.cache_releases - d.retries_base);
   out->num_ooms = static_cast<int64_t>(u.refusals - d.ooms_base);
@@ -615,6 +626,7 @@ int vmm_torch_native_reset_peaks(int device) {
     d.allocation[t].peak = d.allocation[t].current;
     d.requested[t].peak = d.requested[t].current;
     d.segment_peak[t] = 0;  // the next query sets it to the current count
+    d.reserved_peak[t] = 0;  // likewise
   }
   return status;
 }

@@ -18,7 +18,7 @@ import unittest
 import vmmarena
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-COMMANDS = ("stat", "memviz", "library")
+COMMANDS = ("stat", "memviz", "library", "build-allocator")
 
 
 def run(*args, **kwargs):
@@ -47,7 +47,7 @@ class CommandLine(unittest.TestCase):
                            (["stat", "--bogus"], "vmmarena stat: unknown option --bogus (vmmarena stat --help)\n"),
                            (["library", "extra"], "vmmarena library: unexpected argument extra "
                                                   "(vmmarena library --help)\n"),
-                           ([], "vmmarena: no COMMAND given: stat, memviz or library (vmmarena --help)\n")):
+                           ([], "vmmarena: no COMMAND given: stat, memviz, library or build-allocator (vmmarena --help)\n")):
             with self.subTest(args=args):
                 r = run(*args)
                 self.assertEqual((r.returncode, r.stdout, r.stderr), (2, "", want))
@@ -79,6 +79,15 @@ class CommandLine(unittest.TestCase):
         self.assertEqual((r.returncode, r.stdout), (2, ""))
         self.assertEqual(r.stderr, "vmmarena stat: no FILE and standard input is a terminal; give a snapshot file "
                                    "or pipe one in\n")
+
+    def test_build_allocator_without_pytorch_is_one_line(self):
+        # A stand-in torch that cannot be imported: what a machine without PyTorch sees.
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [os.path.join(ROOT, "tests", "python", "no_torch")] + sys.path))
+        r = run("build-allocator", env=env)
+        self.assertEqual((r.returncode, r.stdout), (2, ""))
+        self.assertRegex(r.stderr, r"^vmmarena build-allocator: PyTorch is needed for this call and could not be "
+                                   r"imported: .+\n$")
 
 
 def no_library():

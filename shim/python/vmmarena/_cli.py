@@ -3,6 +3,8 @@
     vmmarena stat [FILE]                       a snapshot's JSON as tables (FILE or stdin)
     vmmarena memviz TRACE -o OUT.pickle        an operation trace for PyTorch's memory_viz
     vmmarena library                           the path of libvmmarena_torch.so in use
+    vmmarena build-allocator [--verbose]       build install()'s native PyTorch allocator ahead
+                                               of time (cached); print the built module's path
     vmmarena --version                         the package's version; --help on each command
 
 Exit status: 0 done, 1 an internal failure, 2 bad usage or bad input (with one line on
@@ -82,6 +84,18 @@ def _library_command(args):
     return 0
 
 
+def _build_allocator_command(args):
+    from . import _process
+
+    try:
+        module = _process.build_native(verbose=args.verbose)
+    except _lib.VmmarenaError as e:
+        print(f"vmmarena build-allocator: {e}", file=sys.stderr)
+        return 2
+    print(module.__file__)
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with its usage errors on one line, naming the command and where help is."""
 
@@ -117,6 +131,14 @@ def parser():
     lib = sub.add_parser("library", help="print the path of libvmmarena_torch.so that `import vmmarena` loads",
                          description="Print the path of libvmmarena_torch.so that `import vmmarena` loads.")
     lib.set_defaults(run=_library_command)
+    b = sub.add_parser("build-allocator", help="build install()'s native PyTorch allocator ahead of time",
+                       description="Build (or find in the cache) the native PyTorch allocator class that "
+                       "vmmarena.install() loads, for the installed PyTorch, and print the built module's path. "
+                       "The cache is $VMMARENA_NATIVE_CACHE, else $XDG_CACHE_HOME/vmmarena/native, else "
+                       "~/.cache/vmmarena/native; a later install() with the same PyTorch and vmmarena needs "
+                       "no compiler.")
+    b.add_argument("--verbose", action="store_true", help="show the compiler's output")
+    b.set_defaults(run=_build_allocator_command)
     return p
 
 
@@ -136,7 +158,7 @@ def main(argv=None):
         return _refuse(prog, f"unknown option {first}" if first.startswith("-") and first != "-"
                        else f"unexpected argument {first}")
     if args.command is None:
-        return _refuse(prog, "no COMMAND given: stat, memviz or library")
+        return _refuse(prog, "no COMMAND given: stat, memviz, library or build-allocator")
     if getattr(args, "device", 0) < 0:
         return _refuse(prog, "--device must be 0 or more")
     return args.run(args)

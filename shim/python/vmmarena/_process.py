@@ -12,7 +12,7 @@ cudagraph trees from vmmarena. torch.cuda.graph's entry keeps the cache
 tensors (kind()). torch is imported only by install() and build_native().
 
 Building ahead of time (a machine without a compiler at run time, a read-only cache):
-    python3 -c "import vmmarena._process as p; print(p.build_native(verbose=True).__file__)"
+    vmmarena build-allocator
 """
 
 import contextlib
@@ -123,7 +123,7 @@ def _check_buildable(torch, ext):
     if not shutil.which(compiler):
         raise VmmarenaError(
             f"building vmmarena's native allocator needs a C++ compiler and {compiler!r} is not on PATH: install g++ "
-            "(or set CXX), or build it ahead of time where one is (vmmarena._process.build_native())")
+            "(or set CXX), or build it ahead of time where one is (vmmarena build-allocator)")
     if not ext.is_ninja_available():
         raise VmmarenaError("building vmmarena's native allocator needs ninja, which is not on PATH: pip install ninja")
 
@@ -192,7 +192,7 @@ def build_native(verbose=False):
         errors = [line for line in lines if "error" in line.lower()] or lines
         raise VmmarenaError(
             f"building vmmarena's native allocator for PyTorch {torch.__version__} in {build_dir} failed: "
-            f"{' | '.join(errors[:3])[:600]} (rerun vmmarena._process.build_native(verbose=True) for the whole log)"
+            f"{' | '.join(errors[:3])[:600]} (rerun `vmmarena build-allocator --verbose` for the whole log)"
         ) from e
     _native[key] = module
     return module
