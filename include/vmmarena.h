@@ -360,6 +360,60 @@ VMM_API vmm_status vmm_arena_pause(vmm_arena *arena, const char *tag, vmm_pause_
  * again carries on (after a failed copy, only the copy is retried). */
 VMM_API vmm_status vmm_arena_resume(vmm_arena *arena, const char *tag);
 
+/* ---- Sharing memory between processes (CUDA IPC; src/ipc.c) -------------------------- */
+
+/* One handle of a shared allocation: a POSIX file descriptor of its physical memory, and
+ * where it lies in the shared range (pieces are back to back in address order from offset 0;
+ * an assembled allocation has several). */
+typedef struct vmm_ipc_piece {
+  int fd;        /* export: the arena's descriptor (valid while the handle lives, never closed by
+                    the caller); import: the caller's descriptor (the arena does not close it) */
+  size_t offset; /* where the piece starts in the shared range */
+  size_t size;   /* bytes of the handle: a multiple of the granularity */
+} vmm_ipc_piece;
+
+/* Whether the arena creates its memory exportable (POSIX file descriptors): on in whole-process
+ * mode (vmm_config.caching) with a driver table of version 4 or later, until the driver refuses
+ * an exportable handle; memory is then created plain from that call on, and exporting it is
+ * refused. 0 for NULL. */
+VMM_API int vmm_arena_ipc_exportable(vmm_arena *arena);
+/* The handles backing the live allocation (or page slot) at `ptr`, for another process: at most
+ * `cap` pieces in address order into `pieces`, their number in *count, and in *offset where ptr
+ * lies in the range they make. The first export of a handle makes its descriptor
+ * (cuMemExportToShareableHandle); the arena keeps it open until the handle goes back to the
+ * driver, so exporting again makes no call and the receiver has until then to duplicate it
+ * (pidfd_getfd). A failure exports nothing new (descriptors made by the call are closed):
+ *   VMM_ERR_INVALID_ARGUMENT  NULL pieces, count or offset; cap too small (*count then says
+ *                             how many are needed); a driver table older than version 4;
+ *   VMM_ERR_UNKNOWN_POINTER   ptr is not the base of a live allocation or slot (the message
+ *                             names what is there), or the allocation is paused;
+ *   VMM_ERR_DRIVER            the driver refused to export a handle (memory created plain,
+ *                             say): not recorded as fatal, the arena is untouched. */
+VMM_API vmm_status vmm_arena_ipc_export(vmm_arena *arena, void *ptr, vmm_ipc_piece *pieces, size_t cap,
+                                        size_t *count, size_t *offset);
+/* Maps memory another process exported into a fresh VA reservation of this arena's device,
+ * back to back as `pieces` (count of them, from offset 0, sizes granularity multiples) say,
+ * with the arena's access (its device and peers), and stores its base in *base. The descriptors
+ * stay the caller's. Nothing of the arena's own memory changes; on failure everything the call
+ * made is undone and *base is NULL (base not NULL):
+ *   VMM_ERR_INVALID_ARGUMENT  NULL pieces or base, no pieces, pieces not back to back, a size not
+ *                             a granularity multiple, a driver table older than version 4; a
+ *                             descriptor that is not a handle's (forged, closed, stale:
+ *                             cuMemImportFromShareableHandle refused it), a handle of another
+ *                             device, or one whose size is not the piece's (cuMemMap refused it);
+ *   VMM_ERR_OUT_OF_MEMORY     no host memory, or no VA for the range;
+ *   VMM_ERR_DRIVER            another driver failure (not recorded as fatal).
+ * Release it with vmm_arena_ipc_close; vmm_arena_destroy releases those still open. */
+VMM_API vmm_status vmm_arena_ipc_import(vmm_arena *arena, const vmm_ipc_piece *pieces, size_t count, void **base);
+/* Synchronizes the context (work may still use the memory), then unmaps and releases an
+ * import of vmm_arena_ipc_import and frees its VA.
+ *   VMM_ERR_UNKNOWN_POINTER  base is not an open import of this arena;
+ *   VMM_ERR_DRIVER           a driver call failed: the import stays open as far as it got, and a
+ *                            later close carries on. */
+VMM_API vmm_status vmm_arena_ipc_close(vmm_arena *arena, void *base);
+/* Imports open now (0 for NULL). */
+VMM_API size_t vmm_arena_ipc_imports(vmm_arena *arena);
+
 /* ---- Errors -------------------------------------------------------------------------- */
 
 /* Message of the arena's latest failure, from any thread, with its numbers: requested and

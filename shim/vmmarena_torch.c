@@ -465,3 +465,14 @@ int vmm_torch_set_driver_for_testing(const struct vmm_driver *drv) {
   pthread_mutex_unlock(&shim_lock);
   return VMM_OK;
 }
+
+/* The arena of `device` for the shim's IPC (vmmarena_torch_ipc.c), created on first use as by
+ * any call; NULL with the reason in msg. Not exported. */
+__attribute__((visibility("hidden"))) vmm_arena *vmm_torch__arena(int device, char *msg, size_t cap) {
+  vmm_status st = VMM_OK;
+  if (!device_valid(device)) {
+    put_message(msg, cap, "device %d is not a device ordinal (0..%d)", device, VMM_MAX_DEVICES - 1);
+    return NULL;
+  }
+  return arena_with_message(device, &st, msg, cap);
+}

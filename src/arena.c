@@ -358,6 +358,7 @@ void vmm_arena_destroy(vmm_arena *a) {
   vmm_stream_order_fini(a); /* waits for all work first */
   vmm_unmapper_stop(a);
   vmm_retiring_fini(a);
+  vmm_ipc_fini(a); /* imports of other processes' memory still open */
   vmm_mapping *m;
   vmm_table_foreach(&a->table, i, m) {
     if (m->page) vmm_pages_forget(a, m);

@@ -92,6 +92,7 @@ static vmm_status read_granularity(vmm_arena *a) {
   a->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   a->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   a->prop.location.id = a->cfg.device;
+  vmm_ipc_init(a); /* whole-process mode: exportable handles (ipc.c) */
   vmm_status st =
       CREATED(a, mem_get_allocation_granularity, &a->granularity, &a->prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
   if (st == VMM_OK && (a->granularity == 0 || (a->granularity & (a->granularity - 1))))

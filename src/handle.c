@@ -12,6 +12,7 @@ vmm_handle *vmm_handle_new(size_t size, vmm_kind kind) {
 
 CUresult vmm_handle_create(vmm_arena *a, vmm_handle *h) {
   CUresult r = VMM_DRV(a, mem_create, &h->h, h->size, &a->prop, 0);
+  if (r != CUDA_SUCCESS && vmm_ipc_create_refused(a, r)) r = VMM_DRV(a, mem_create, &h->h, h->size, &a->prop, 0);
   if (r == CUDA_SUCCESS) vmm_add_physical(a, h->size);
   return r;
 }
@@ -20,6 +21,7 @@ CUresult vmm_handle_create(vmm_arena *a, vmm_handle *h) {
  * recorded; while the arena is being destroyed it is logged and the handle forgotten. */
 vmm_status vmm_handle_release(vmm_arena *a, vmm_handle *h) {
   vmm_unmapper_wait(a); /* a range still mapping h would keep its memory from the driver */
+  vmm_ipc_forget_handle(h); /* its exported descriptor would keep it too */
   CUresult r = VMM_DRV(a, mem_release, h->h);
   if (r == CUDA_SUCCESS || a->destroying) {
     if (r != CUDA_SUCCESS)

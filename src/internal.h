@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h> /* close: vmm_ipc_forget_handle */
 
 #include "vmmarena.h"
 #include "vmmarena/trace.h"
@@ -104,6 +105,7 @@ typedef struct vmm_handle {
   bool idle;                       /* in the idle tier */
   struct vmm_handle *next;         /* abandoned list */
   struct vmm_mapping *owner;       /* the mapping whose handles it is; NULL while idle */
+  int ipc_fd;                      /* its exported descriptor + 1, closed at release; 0: none (ipc.c) */
 } vmm_handle;
 
 typedef enum vmm_mapping_state {
@@ -520,6 +522,7 @@ struct vmm_arena {
 
   vmm_trace_writer *trace;
   struct vmm_copier *copier;   /* pause and resume: turns, threads, staging (copy_engine.c); NULL until the first */
+  struct vmm_ipc_import *ipc_imports; /* memory of other processes mapped here, open (ipc.c) */
 };
 
 static inline bool vmm_retaining(const vmm_arena *a) { return a->scope == VMM_SCOPE_ACTIVE && a->retention_enabled; }
@@ -942,6 +945,31 @@ VMM_INTERNAL bool vmm_backup_save(vmm_arena *a, vmm_mapping *const *list, size_t
 VMM_INTERNAL bool vmm_backup_restore(vmm_arena *a, vmm_mapping *const *list, size_t n, vmm_copy_error *err);
 /* Returns a backup to the system; NULL is a no-op. `bytes` is its allocation's extent. */
 VMM_INTERNAL void vmm_backup_free(void *backup, size_t bytes);
+
+/* ---- Sharing between processes (ipc.c) ------------------------------------------------ */
+/* Creation: in whole-process mode, with a table of version 4, asks for exportable handles
+ * (a->prop.requestedHandleTypes: POSIX file descriptors). */
+VMM_INTERNAL void vmm_ipc_init(vmm_arena *a);
+/* After a failed cuMemCreate: true when the arena asked for exportable handles and the driver
+ * refused them (NOT_SUPPORTED or NOT_PERMITTED, never out of memory): it stops asking, logs it
+ * once, and the caller creates the handle again, plain. (Inline, as the next one: handle.c
+ * calls them, and ipc.c calls what calls handle.c.) */
+static inline bool vmm_ipc_create_refused(vmm_arena *a, CUresult r) {
+  if (!a->prop.requestedHandleTypes || (r != CUDA_ERROR_NOT_SUPPORTED && r != CUDA_ERROR_NOT_PERMITTED)) return false;
+  a->prop.requestedHandleTypes = 0;
+  vmm_log(2, a->cfg.log_level,
+          "vmmarena: device %d refused exportable memory (cuMemCreate returned %s): memory is created plain from "
+          "now on, and sharing it with another process is refused",
+          a->cfg.device, vmm_cu_error_name(a, r));
+  return true;
+}
+/* Before h goes back to the driver: closes its exported descriptor, if any. */
+static inline void vmm_ipc_forget_handle(vmm_handle *h) {
+  if (h->ipc_fd) (void)close(h->ipc_fd - 1);
+  h->ipc_fd = 0;
+}
+/* Destroy: closes every import still open, logging failures. */
+VMM_INTERNAL void vmm_ipc_fini(vmm_arena *a);
 
 /* ---- Scope (scope.c) ---------------------------------------------------------------- */
 /* Whether scope_id (0: none) was aborted. */

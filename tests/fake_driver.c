@@ -17,6 +17,9 @@
  * Structures: handles, events and capturing streams live in open-addressing hash maps;
  * reservations and mappings in AVL trees keyed by base address, so finding the one that
  * contains an address (and so the overlap check of cuMemMap) is O(log n). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* memfd_create */
+#endif
 #include "fake_driver.h"
 
 #include <pthread.h>
@@ -24,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "fake_timeline.h"
@@ -271,6 +275,8 @@ typedef struct handle {
   int released;
   size_t mappings;
   unsigned long long id;
+  int refs;               /* ids naming it: its own and its imports' (cuMemImportFromShareableHandle) */
+  int exportable;         /* created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR requested */
   tl_records *acc;        /* device accesses of its memory (fake_timeline.c) */
   unsigned char **chunks; /* contents in FAKE_CHUNK pieces, each allocated on its first write
                              of a non-zero byte; a NULL piece (or list) reads as zeros */
@@ -308,6 +314,8 @@ static struct {
   size_t retained[FAKE_MAX_DEVICES];
   avl *reservations, *mappings, *host_allocs;
   hmap handles, events, capturing, streams; /* capturing: streams set capturing; streams: created */
+  hmap imports;        /* ids made by cuMemImportFromShareableHandle (a marker set) */
+  int export_refused;  /* cuMemCreate refuses exportable handles (fake_set_export_refused) */
   CUdeviceptr next_va;
   fault_rule rules[VMM_DRV_ENTRY_COUNT], any_rule;
   unsigned faults_fired;
@@ -778,10 +786,15 @@ static CUresult do_mem_create(CUmemGenericAllocationHandle *out, size_t size, co
   if (r != CUDA_SUCCESS) return r;
   if (!granule_multiple(size)) return misuse(CUDA_ERROR_INVALID_VALUE, "size %zu is not a granularity multiple", size);
   int device = prop->location.id;
+  if (prop->requestedHandleTypes & ~(CUmemAllocationHandleType)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    return CUDA_ERROR_NOT_SUPPORTED; /* the fake shares through file descriptors only */
+  if (prop->requestedHandleTypes && fk.export_refused) return CUDA_ERROR_NOT_SUPPORTED;
   if (size > free_physical(device)) return CUDA_ERROR_OUT_OF_MEMORY;
   handle *h = xcalloc(1, sizeof *h);
   h->size = size;
   h->device = device;
+  h->refs = 1;
+  h->exportable = prop->requestedHandleTypes != 0;
   uint64_t id = next_id++;
   h->id = id;
   hmap_put(&fk.handles, id, h);
@@ -795,6 +808,12 @@ static CUresult do_mem_create(CUmemGenericAllocationHandle *out, size_t size, co
 static CUresult do_mem_release(CUmemGenericAllocationHandle id) {
   handle *h = hmap_del(&fk.handles, id);
   if (!h) return misuse(CUDA_ERROR_INVALID_VALUE, "unknown or released handle %llu", (unsigned long long)id);
+  hmap_del(&fk.imports, id);
+  if (--h->refs > 0) { /* other ids (imports) still name its memory */
+    fk.ledger.live_handles--;
+    fk.ledger.live_handle_bytes -= h->size;
+    return CUDA_SUCCESS;
+  }
   tl_release(&h->acc, h->id, h->size, h->device);
   h->released = 1;
   fk.ledger.released_mapped_bytes += h->mappings * h->size;
@@ -810,6 +829,8 @@ static CUresult do_mem_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGen
   if (flags) return misuse(CUDA_ERROR_INVALID_VALUE, "flags %llu are not 0", flags);
   handle *h = hmap_get(&fk.handles, id);
   if (!h) return misuse(CUDA_ERROR_INVALID_VALUE, "unknown or released handle %llu", (unsigned long long)id);
+  if (size > h->size && offset == 0 && hmap_get(&fk.imports, id))
+    return CUDA_ERROR_INVALID_VALUE; /* an import's size is the sender's word: not misuse */
   if (size == 0 || offset > h->size || size > h->size - offset)
     return misuse(CUDA_ERROR_INVALID_VALUE, "offset %zu + size %zu outside a handle of %zu", offset, size, h->size);
   if (offset != 0 || size != h->size) return CUDA_ERROR_NOT_SUPPORTED; /* as the real H200 driver */
@@ -1127,6 +1148,84 @@ static CUresult drv_stream_create(CUstream *stream, unsigned int flags) {
 }
 static CUresult drv_stream_destroy(CUstream stream) { FAKE_CALL(stream_destroy, stream, 0, do_stream_destroy(stream)); }
 
+/* Sharing between processes. An exported descriptor is a real one (a memfd), so that a test
+ * counts descriptors in /proc/self/fd and close() works on it, and it carries what names the
+ * memory, as the real driver's does: the fake reads its record back on import. A descriptor
+ * that holds no record (forged), or names a handle released since (stale), is refused with
+ * CUDA_ERROR_INVALID_VALUE; an import is a new id naming the same memory (contents shared). */
+#define FAKE_EXPORT_MAGIC 0x66616b65657870ull /* "fakeexp" */
+typedef struct export_record {
+  uint64_t magic;
+  uint64_t id;     /* the exported handle's id */
+  uint64_t size;
+  int64_t device;
+} export_record;
+
+static CUresult do_mem_export(void *shareable, CUmemGenericAllocationHandle id, CUmemAllocationHandleType type,
+                              unsigned long long flags) {
+  if (!shareable) return misuse(CUDA_ERROR_INVALID_VALUE, "shareable is NULL");
+  if (flags) return misuse(CUDA_ERROR_INVALID_VALUE, "flags %llu are not 0", flags);
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  handle *h = hmap_get(&fk.handles, id);
+  if (!h) return misuse(CUDA_ERROR_INVALID_VALUE, "unknown or released handle %llu", (unsigned long long)id);
+  if (!h->exportable) return CUDA_ERROR_INVALID_VALUE; /* created without the handle type: as CUDA */
+  int fd = memfd_create("fake-cuda-export", MFD_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  export_record rec = {FAKE_EXPORT_MAGIC, h->id, h->size, h->device};
+  if (pwrite(fd, &rec, sizeof rec, 0) != (ssize_t)sizeof rec) {
+    close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *(int *)shareable = fd;
+  fk.ledger.exports++;
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_mem_import(CUmemGenericAllocationHandle *out, void *os_handle, CUmemAllocationHandleType type) {
+  if (!out) return misuse(CUDA_ERROR_INVALID_VALUE, "handle is NULL");
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  int fd = (int)(intptr_t)os_handle;
+  export_record rec;
+  if (fd < 0 || pread(fd, &rec, sizeof rec, 0) != (ssize_t)sizeof rec || rec.magic != FAKE_EXPORT_MAGIC)
+    return CUDA_ERROR_INVALID_VALUE; /* not a descriptor of exported memory */
+  handle *h = hmap_get(&fk.handles, rec.id);
+  if (!h) return CUDA_ERROR_INVALID_VALUE; /* its memory was released */
+  uint64_t id = next_id++;
+  h->refs++;
+  hmap_put(&fk.handles, id, h);
+  hmap_put(&fk.imports, id, h);
+  fk.ledger.live_handles++;
+  fk.ledger.live_handle_bytes += h->size;
+  fk.ledger.imports++;
+  *out = id;
+  return CUDA_SUCCESS;
+}
+
+static CUresult do_mem_get_properties(CUmemAllocationProp *prop, CUmemGenericAllocationHandle id) {
+  if (!prop) return misuse(CUDA_ERROR_INVALID_VALUE, "prop is NULL");
+  handle *h = hmap_get(&fk.handles, id);
+  if (!h) return misuse(CUDA_ERROR_INVALID_VALUE, "unknown or released handle %llu", (unsigned long long)id);
+  memset(prop, 0, sizeof *prop);
+  prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop->location.id = h->device;
+  prop->requestedHandleTypes = h->exportable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
+  return CUDA_SUCCESS;
+}
+
+static CUresult drv_mem_export_to_shareable_handle(void *shareable, CUmemGenericAllocationHandle hnd,
+                                                   CUmemAllocationHandleType type, unsigned long long flags) {
+  FAKE_CALL(mem_export_to_shareable_handle, hnd, type, do_mem_export(shareable, hnd, type, flags));
+}
+static CUresult drv_mem_import_from_shareable_handle(CUmemGenericAllocationHandle *hnd, void *os_handle,
+                                                     CUmemAllocationHandleType type) {
+  FAKE_CALL(mem_import_from_shareable_handle, os_handle, type, do_mem_import(hnd, os_handle, type));
+}
+static CUresult drv_mem_get_allocation_properties_from_handle(CUmemAllocationProp *prop,
+                                                              CUmemGenericAllocationHandle hnd) {
+  FAKE_CALL(mem_get_allocation_properties_from_handle, hnd, 0, do_mem_get_properties(prop, hnd));
+}
+
 /* Filled from the X-macro, so a missing entry point fails to compile. */
 static const struct vmm_driver fake_table = {
     .version = VMM_DRIVER_VERSION,
@@ -1174,9 +1273,13 @@ const struct vmm_driver *fake_driver_reset(const fake_options *opts) {
   avl_free(fk.mappings, free_mapping_node); /* frees released handles; live ones go with the map */
   avl_free(fk.reservations, free_reservation_node);
   avl_free(fk.host_allocs, free_host_alloc_node);
-  for (size_t i = 0; i < fk.handles.cap; i++)
-    if (fk.handles.keys[i]) tl_forget(&((handle *)fk.handles.vals[i])->acc);
-  hmap_free(&fk.handles, 1);
+  for (size_t i = 0; i < fk.handles.cap; i++) /* an imported handle is named by several ids */
+    if (fk.handles.keys[i]) {
+      handle *h = fk.handles.vals[i];
+      if (--h->refs == 0) free_handle(h);
+    }
+  hmap_free(&fk.handles, 0);
+  hmap_free(&fk.imports, 0);
   hmap_free(&fk.events, 0);
   hmap_free(&fk.streams, 0);
   hmap_free(&fk.capturing, 0);
@@ -1235,6 +1338,12 @@ void fake_set_capacity(int device, size_t bytes) {
 void fake_set_host_mem_available(size_t bytes) {
   pthread_mutex_lock(&fk_lock);
   fk.opts.host_mem_available = bytes;
+  pthread_mutex_unlock(&fk_lock);
+}
+
+void fake_set_export_refused(int refused) {
+  pthread_mutex_lock(&fk_lock);
+  fk.export_refused = refused != 0;
   pthread_mutex_unlock(&fk_lock);
 }
 

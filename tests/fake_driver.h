@@ -48,6 +48,10 @@ unsigned fake_faults_fired(void);
 void fake_set_capacity(int device, size_t bytes);
 void fake_set_host_mem_available(size_t bytes);
 void fake_set_integrated(int integrated);
+/* While set, cuMemCreate refuses (CUDA_ERROR_NOT_SUPPORTED) a handle with a shareable handle
+ * type requested, as drivers that cannot export do. An exported descriptor is a real one (a
+ * memfd holding the handle's id): tests count them in /proc/self/fd. */
+void fake_set_export_refused(int refused);
 /* While set, a potentially unsafe call (cuMemCreate, cuMemMap, cuMemUnmap, cuMemRelease,
  * cuMemSetAccess, cuEventQuery) made while a stream captures, by a thread whose capture mode
  * is not relaxed, is misuse and fails: a capture begun in global mode would be invalidated. */
@@ -80,6 +84,8 @@ typedef struct fake_ledger {
   size_t ctx_pushed;                      /* push minus pop */
   size_t primary_retained;                /* retain minus release */
   size_t calls_by_entry[VMM_DRV_ENTRY_COUNT];
+  size_t exports, imports;                /* cuMemExportToShareableHandle, cuMemImportFromShareableHandle
+                                             successes (an import is a live handle until released) */
   size_t released_mapped_bytes;           /* of released handles, still mapped: memory the real
                                              driver would still hold */
 } fake_ledger;

@@ -38,6 +38,9 @@ static const struct {
     {VMM_DRV_event_query, "only whole-process mode asks whether a free is complete: test_process's countdown reaches it"},
     {VMM_DRV_thread_exchange_stream_capture_mode,
      "only whole-process mode relaxes the capture mode, during captures: test_process reaches it"},
+    {VMM_DRV_mem_export_to_shareable_handle, "only sharing between processes: test_ipc fails each step of it"},
+    {VMM_DRV_mem_import_from_shareable_handle, "only sharing between processes: test_ipc fails each step of it"},
+    {VMM_DRV_mem_get_allocation_properties_from_handle, "only sharing between processes: test_ipc fails each step of it"},
 };
 
 static int entry_unused(vmm_driver_entry e) {

@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define VMM_DRIVER_VERSION 3 /* 2: mem_cpy_dtoh, mem_cpy_htod appended; 3: the staged backup copies, event_query, thread_exchange_stream_capture_mode */
+#define VMM_DRIVER_VERSION 4 /* 2: mem_cpy_dtoh, mem_cpy_htod appended; 3: the staged backup copies, event_query, thread_exchange_stream_capture_mode; 4: the sharing of memory between processes (export, import, properties) */
 
 /* CUresult cuInit(unsigned int flags); */
 typedef CUresult (*vmm_drv_init_fn)(unsigned int flags);
@@ -124,6 +124,25 @@ typedef CUresult (*vmm_drv_event_query_fn)(CUevent event);
  * calls run relaxed while a capture is underway, as PyTorch's allocator does). Since version 3. */
 typedef CUresult (*vmm_drv_thread_exchange_stream_capture_mode_fn)(CUstreamCaptureMode *mode);
 
+/* CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle handle,
+ *                                       CUmemAllocationHandleType type, unsigned long long flags):
+ * with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, stores in *(int *)shareable a new file
+ * descriptor of the handle (the caller closes it). Since version 4. */
+typedef CUresult (*vmm_drv_mem_export_to_shareable_handle_fn)(void *shareable, CUmemGenericAllocationHandle handle,
+                                                              CUmemAllocationHandleType type,
+                                                              unsigned long long flags);
+/* CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *os_handle,
+ *                                         CUmemAllocationHandleType type): a handle of the memory
+ * a descriptor (passed as (void *)(intptr_t)fd) refers to; the descriptor stays the caller's.
+ * Since version 4. */
+typedef CUresult (*vmm_drv_mem_import_from_shareable_handle_fn)(CUmemGenericAllocationHandle *handle,
+                                                                void *os_handle, CUmemAllocationHandleType type);
+/* CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+ *                                                 CUmemGenericAllocationHandle handle): the
+ * properties a handle was created with (an imported handle's device). Since version 4. */
+typedef CUresult (*vmm_drv_mem_get_allocation_properties_from_handle_fn)(CUmemAllocationProp *prop,
+                                                                         CUmemGenericAllocationHandle handle);
+
 /* X-macro of every entry point: X(field, cuda_symbol). Order = field order in the table. */
 #define VMM_DRIVER_ENTRY_POINTS(X)                                     \
   X(init, "cuInit")                                                    \
@@ -163,7 +182,10 @@ typedef CUresult (*vmm_drv_thread_exchange_stream_capture_mode_fn)(CUstreamCaptu
   X(stream_create, "cuStreamCreate")                                   \
   X(stream_destroy, "cuStreamDestroy")                                 \
   X(event_query, "cuEventQuery")                                       \
-  X(thread_exchange_stream_capture_mode, "cuThreadExchangeStreamCaptureMode")
+  X(thread_exchange_stream_capture_mode, "cuThreadExchangeStreamCaptureMode") \
+  X(mem_export_to_shareable_handle, "cuMemExportToShareableHandle")   \
+  X(mem_import_from_shareable_handle, "cuMemImportFromShareableHandle") \
+  X(mem_get_allocation_properties_from_handle, "cuMemGetAllocationPropertiesFromHandle")
 
 /* Index of each entry point, for per-entry-point counters and fault injection. */
 typedef enum vmm_driver_entry {
@@ -216,6 +238,9 @@ struct vmm_driver {
   vmm_drv_stream_destroy_fn stream_destroy;                      /* cuStreamDestroy (version 3) */
   vmm_drv_event_query_fn event_query;                            /* cuEventQuery (version 3) */
   vmm_drv_thread_exchange_stream_capture_mode_fn thread_exchange_stream_capture_mode; /* (version 3) */
+  vmm_drv_mem_export_to_shareable_handle_fn mem_export_to_shareable_handle;     /* (version 4) */
+  vmm_drv_mem_import_from_shareable_handle_fn mem_import_from_shareable_handle; /* (version 4) */
+  vmm_drv_mem_get_allocation_properties_from_handle_fn mem_get_allocation_properties_from_handle; /* (version 4) */
 };
 
 /* Name of an entry point as the driver spells it ("cuMemCreate"; the host-memory seam is

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "vmmarena_torch_process.h"
+#include "vmmarena_torch_ipc.h"
 
 #if TORCH_VERSION_MAJOR != 2 || TORCH_VERSION_MINOR != 11
 #error "vmmarena's native allocator is written for the allocator interface of PyTorch 2.11"
@@ -424,17 +425,53 @@ class Allocator final : public cca::CUDAAllocator {
 
   // ---- Not supported ---------------------------------------------------------------------
 
-  cca::ShareableHandle shareIpcHandle(void* /*ptr*/) override {
-    TORCH_CHECK(false,
-                "vmmarena: sharing a CUDA tensor with another process (CUDA IPC, torch.multiprocessing) is not "
-                "supported under vmmarena.install() yet; keep the tensor in this process, copy it to the host to "
-                "share it, or run the sharing process without vmmarena.install()");
+  // ---- CUDA IPC (torch.multiprocessing): vmmarena_torch_ipc.h says the handle's format ----
+
+  cca::ShareableHandle shareIpcHandle(void* ptr) override {
+    int device = -1;
+    void* base = nullptr;
+    TORCH_CHECK(vmm_torch_native_lookup(ptr, &device, &base, nullptr) == kVmmOk,
+                text("vmmarena: shareIpcHandle(%p): not inside a live allocation of vmmarena", ptr));
+    std::string handle(64 + 24 * VMM_TORCH_IPC_MAX_PIECES, '\0');
+    size_t len = 0, offset = 0;
+    char msg[kMessageCap] = "";
+    int status = vmm_torch_ipc_share(base, device, handle.data(), handle.size(), &len, &offset, msg, sizeof msg);
+    TORCH_CHECK(status == kVmmOk, text("vmmarena: sharing the allocation at %p of device %d with another process "
+                                       "(CUDA IPC) failed (%s): %s", base, device, status_name(status).c_str(), msg));
+    handle.resize(len);
+    // The offset of base in the shared range; PyTorch adds that of ptr in the allocation.
+    return cca::ShareableHandle{static_cast<ptrdiff_t>(offset), std::move(handle)};
   }
 
-  std::shared_ptr<void> getIpcDevPtr(std::string /*handle*/) override {
-    TORCH_CHECK(false,
-                "vmmarena: opening a CUDA tensor shared by another process (CUDA IPC) is not supported under "
-                "vmmarena.install() yet; run this process without vmmarena.install() to receive shared tensors");
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    TORCH_CHECK(vmm_torch_ipc_is_ours(handle.data(), handle.size()),
+                text("vmmarena: this CUDA IPC handle (%zu bytes) was not made by vmmarena: the sending process runs "
+                     "PyTorch's own allocator, and under vmmarena.install() only tensors of processes that also run "
+                     "vmmarena.install() can be opened; run both under vmmarena.install(), or neither",
+                     handle.size()));
+    std::lock_guard<std::mutex> hold(ipc_lock_);
+    auto known = ipc_open_.find(handle);
+    if (known != ipc_open_.end()) {
+      if (auto open = known->second.lock()) return open;  // opened already: one mapping per handle
+    }
+    int device = c10::cuda::current_device();
+    void* base = nullptr;
+    char msg[kMessageCap] = "";
+    int status = vmm_torch_ipc_open(handle.data(), handle.size(), device, &base, msg, sizeof msg);
+    TORCH_CHECK(status == kVmmOk, text("vmmarena: opening a CUDA tensor shared by another process on device %d "
+                                       "failed (%s): %s", device, status_name(status).c_str(), msg));
+    std::shared_ptr<void> open(base, [this, handle, device](void* p) {
+      char m[kMessageCap] = "";
+      {
+        std::lock_guard<std::mutex> h(ipc_lock_);
+        auto it = ipc_open_.find(handle);
+        if (it != ipc_open_.end() && it->second.expired()) ipc_open_.erase(it);
+      }
+      if (vmm_torch_ipc_close(device, p, m, sizeof m) != kVmmOk)
+        std::fprintf(stderr, "vmmarena: closing a CUDA tensor shared by another process: %s\n", m);
+    });
+    ipc_open_[handle] = open;
+    return open;
   }
 
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
@@ -620,6 +657,8 @@ class Allocator final : public cca::CUDAAllocator {
   std::vector<cca::OutOfMemoryObserver> observers_;
   std::vector<cca::AllocatorTraceTracker> trackers_;
   History history_;
+  std::mutex ipc_lock_;                                            // CUDA IPC: guards ipc_open_
+  std::unordered_map<std::string, std::weak_ptr<void>> ipc_open_;  // handles opened here, by handle
 };
 
 Allocator* instance() {

@@ -384,20 +384,145 @@ def test_mempool_memory_is_kept_apart():
     del eager, later
 
 
-def test_sharing_with_another_process_is_refused_clearly():
-    # CUDA IPC needs exportable handles and the driver seam's export and import (not built yet):
-    # the sender is told so, in one error, and nothing crashes.
-    from multiprocessing.reduction import ForkingPickler
+def _fd_count():
+    return len(os.listdir("/proc/self/fd"))
 
-    import torch.multiprocessing  # noqa: F401  (registers the CUDA tensor reducers)
 
-    x = torch.ones(MiB, device="cuda")
+def _ipc_receiver():
+    """A spawned child that runs vmmarena.install() and reads what it is sent."""
+    import torch.multiprocessing as mp
+
+    import vmmarena_ipc_child
+
+    ctx = mp.get_context("spawn")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=vmmarena_ipc_child.receive, args=(inbox, outbox))
+    child.start()
+    ready = outbox.get(timeout=240)
+    check(ready[0] == "ready" and ready[1] == "vmmarena" and ready[2], f"the child did not run under vmmarena: {ready}")
+    return child, inbox, outbox
+
+
+def _ipc_stop(child, inbox, outbox):
+    inbox.put(None)
+    done = outbox.get(timeout=120)
+    child.join(timeout=60)
+    check(done[0] == "done" and child.exitcode == 0, f"the child ended with {done}, exit code {child.exitcode}")
+
+
+def test_a_tensor_is_shared_with_a_child_process_under_vmmarena():
+    child, inbox, outbox = _ipc_receiver()
     try:
-        ForkingPickler.dumps(x)
-        raise AssertionError("a CUDA tensor of vmmarena was pickled for another process")
+        # a whole mapping, an assembled one (after frees of smaller ones) and a page slot
+        for size, tag in ((6 * MiB, "whole"), (3 * MiB + 4096, "other"), (4096, "slot")):
+            x = torch.arange(size // 4, device="cuda", dtype=torch.float32).mul_(0.5).add_(1.0)
+            served(x, tag)
+            want = float(x.double().sum())
+            inbox.put((tag, x))
+            got = outbox.get(timeout=120)
+            check(got[0] == tag and got[3] is None and got[1] == want, f"{tag}: sent sum {want}, child read {got}")
+            del x
+        ys = [torch.ones(MiB, device="cuda") for _ in range(4)]
+        del ys[1], ys[2]
+        y = torch.full((4 * MiB // 4 * 2,), 3.0, device="cuda")  # 8 MiB: may be stitched from the freed ones
+        inbox.put(("stitched", y))
+        got = outbox.get(timeout=120)
+        check(got[3] is None and got[1] == float(y.double().sum()), f"stitched: child read {got}")
+        del y, ys
+        torch.cuda.synchronize()
+        print(f"  a child under vmmarena read 4 shared tensors, checksums equal")
+    finally:
+        _ipc_stop(child, inbox, outbox)
+
+
+def test_thousands_of_shares_leave_the_descriptor_count():
+    child, inbox, outbox = _ipc_receiver()
+    try:
+        x = torch.ones(2 * MiB, device="cuda")
+        inbox.put(("warm", x))
+        outbox.get(timeout=120)
+        del x
+        torch.cuda.ipc_collect()
+        torch.cuda.empty_cache()
+        before = _fd_count()
+        child_before = None
+        sizes = (4096, 2 * MiB, 6 * MiB, 64 << 10)
+        n = 2000
+        t0 = time.time()
+        for i in range(n):
+            t = torch.full((sizes[i % 4] // 4,), float(i % 7), device="cuda")
+            inbox.put(("n", t))
+            got = outbox.get(timeout=120)
+            check(got[3] is None and got[1] == float(i % 7) * (sizes[i % 4] // 4), f"share {i}: {got}")
+            if child_before is None:
+                child_before = got[2]
+            del t
+        seconds = time.time() - t0
+        child_after = got[2]
+        torch.cuda.synchronize()
+        torch.cuda.ipc_collect()
+        torch.cuda.empty_cache()  # the handles go back to the driver: their descriptors close
+        after = _fd_count()
+        check(after == before, f"the parent had {before} descriptors before {n} shares and {after} after")
+        check(child_after <= child_before + 2, f"the child had {child_before} descriptors, then {child_after}")
+        print(f"  {n} shares in {seconds:.1f} s; parent descriptors {before} -> {after}, "
+              f"child {child_before} -> {child_after}")
+    finally:
+        _ipc_stop(child, inbox, outbox)
+
+
+def test_a_forged_or_stale_handle_is_refused_clearly():
+    import ctypes
+    import struct
+
+    lib = ctypes.CDLL(vmmarena.library_path())
+    lib.vmm_torch_ipc_open.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                                       ctypes.c_char_p, ctypes.c_size_t]
+    x = torch.ones(2 * MiB, device="cuda")
+    shared = x.untyped_storage()._share_cuda_()
+    handle = shared[1]
+    check(handle[:4] == b"VMMA", f"not vmmarena's handle: {handle[:8]!r}")
+    before = _fd_count()
+
+    def refused(h, says):
+        base = ctypes.c_void_p()
+        msg = ctypes.create_string_buffer(2048)
+        st = lib.vmm_torch_ipc_open(h, len(h), DEV, ctypes.byref(base), msg, len(msg))
+        text = msg.value.decode()
+        check(st != 0 and not base.value and says in text, f"status {st}, base {base.value}: {text!r}")
+        return text
+
+    def sealed(body):  # a forged handle with a valid checksum
+        h = 1469598103934665603
+        for b in body:
+            h = ((h ^ b) * 1099511628211) & (2**64 - 1)
+        return body + struct.pack("<Q", h)
+
+    body = bytearray(handle[:-8])
+    refused(b"\x02eNOT-OURS", "not a CUDA IPC handle of vmmarena")
+    refused(bytes(body) + b"\0" * 8, "checksum")
+    devnull = os.open("/dev/null", os.O_RDONLY)
+    forged = bytearray(body)
+    struct.pack_into("<i", forged, 40, devnull)  # the first piece's descriptor: not a CUDA one
+    refused(sealed(bytes(forged)), "not a handle this process can import")
+    struct.pack_into("<i", forged, 40, 4000)  # a descriptor the sender does not have
+    refused(sealed(bytes(forged)), "cannot be taken")
+    os.close(devnull)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = bytearray(body)
+    struct.pack_into("<I", dead, 8, gone.pid)
+    refused(sealed(bytes(dead)), "has exited")
+    # through PyTorch: the same refusal as a RuntimeError of vmmarena (no event: an IPC event
+    # cannot be opened in the process that made it)
+    try:
+        torch.UntypedStorage._new_shared_cuda(shared[0], sealed(bytes(forged)), *shared[2:7], False)
+        raise AssertionError("a forged handle was opened")
     except RuntimeError as e:
-        check("vmmarena" in str(e) and "CUDA IPC" in str(e), str(e))
-    check(int(x.sum()) == MiB, "the tensor changed")
+        check("vmmarena" in str(e) and "cannot be taken" in str(e), str(e))
+    check(_fd_count() == before, f"descriptors {before} before the refusals, {_fd_count()} after")
+    check(int(x.sum()) == 2 * MiB, "the tensor changed")
+    print("  forged, foreign, unknown-descriptor and exited-sender handles refused; no descriptor left open")
 
 
 def test_a_missing_compiler_or_another_pytorch_is_one_clear_line():
@@ -421,7 +546,9 @@ TESTS = [
     test_out_of_memory_is_pytorchs_and_the_program_carries_on,
     test_out_of_memory_observers_are_called,
     test_mempool_memory_is_kept_apart,
-    test_sharing_with_another_process_is_refused_clearly,
+    test_a_tensor_is_shared_with_a_child_process_under_vmmarena,
+    test_thousands_of_shares_leave_the_descriptor_count,
+    test_a_forged_or_stale_handle_is_refused_clearly,
     test_a_missing_compiler_or_another_pytorch_is_one_clear_line,
 ]
 check_listed(TESTS, globals())

@@ -40,7 +40,7 @@ NATIVE_TORCH_VERSIONS = ("2.11",)
 # The class's source and the shim headers it includes: inside the installed package
 # (vmmarena/native/, put there by pip install), or in a source checkout.
 NATIVE_SOURCE = "vmmarena_allocator.cpp"
-NATIVE_HEADERS = ("vmmarena_torch.h", "vmmarena_torch_process.h")
+NATIVE_HEADERS = ("vmmarena_torch.h", "vmmarena_torch_process.h", "vmmarena_torch_ipc.h")
 NATIVE_CACHE = "VMMARENA_NATIVE_CACHE"  # where builds are cached (default ~/.cache/vmmarena/native)
 
 _lock = threading.Lock()
