@@ -631,7 +631,6 @@ VMM_INTERNAL const char *vmm_kind_name(int kind);
 /* ---- Tags (tags.c) ------------------------------------------------------------------- */
 VMM_INTERNAL uint32_t vmm_tag_current_id(void);
 VMM_INTERNAL const char *vmm_tag_name(uint32_t id);
-VMM_INTERNAL uint32_t vmm_tag_count(void);
 /* The interned id of a tag name, or 0 with *known = false if the name was never used. */
 VMM_INTERNAL uint32_t vmm_tag_lookup(const char *name, bool *known);
 
@@ -837,19 +836,6 @@ typedef struct vmm_copy_segment {
   size_t bytes;
 } vmm_copy_segment;
 
-/* How a pause shares its chunks among the host threads (host to device is always one chunk at a
- * time, in slices of any 4 KiB). Not a setting: the benchmark and the tests set
- * vmm_copier_design before creating an arena, whose copier reads it once; TOUCH_AHEAD is the
- * default (docs/benchmarks.md, section 5, says why). */
-typedef enum vmm_copy_design {
-  VMM_COPY_PAGES,        /* slices on the backups' 2 MiB pages, out of every chunk the device finished */
-  VMM_COPY_PAGES_SERIAL, /* slices on the backups' 2 MiB pages, one chunk at a time */
-  VMM_COPY_SMALL,        /* slices of 256 KiB or more on any 4 KiB, one chunk at a time (the design before) */
-  VMM_COPY_TOUCH_AHEAD,  /* as PAGES, and idle threads touch the backups' pages of the chunks to come */
-  VMM_COPY_TOUCH_SERIAL, /* as PAGES_SERIAL, and idle threads touch the backups' pages of the chunks to come */
-  VMM_COPY_DESIGNS
-} vmm_copy_design;
-VMM_INTERNAL extern vmm_copy_design vmm_copier_design;
 
 /* What failed in a copy made outside the arena lock, recorded once the lock is held again. */
 typedef struct vmm_copy_error {
