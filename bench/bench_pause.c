@@ -1,16 +1,12 @@
 /* Pause and resume with VMM_PAUSE_BACKUP on device 0, against a plain pinned copy of the same
- * bytes, with the designs weighed before choosing one side by side (docs/benchmarks.md,
- * section 5). Every row holds 4 GiB in allocations of one size and is paused and resumed
+ * bytes, with other designs side by side (docs/benchmarks.md, "Pause and resume"). Every row holds 4 GiB in allocations of one size and is paused and resumed
  * three times (the median is shown, and every cycle); its contents are checked bit for bit
  * after one more cycle in which the freed device memory is overwritten, and the process's
  * resident memory (RSS) is read before, while paused and after.
  *
  *   rows          64 MiB, 256 MiB, 1 GiB and 4 GiB per allocation, and 2 MiB ones (many small)
  *   pinned copy   cuMemcpyDtoH / HtoD of the same allocations into pinned memory, no pause
- *   designs       on 16 x 256 MiB: how the host threads share a pause's chunks (slices of 256
- *                 KiB or on the backups' 2 MiB pages, one chunk at a time or several, touching
- *                 the backups' pages ahead: vmm_copier_design); the staging pipeline at several
- *                 staging sizes and thread counts (threads limited through the CPU affinity),
+ *   designs       on 16 x 256 MiB: the staging pipeline at several staging sizes and thread counts (threads limited through the CPU affinity),
  *                 kept or not; synchronous copies into pageable memory (the staging off, the
  *                 design before); the backup registered with cuMemHostRegister for the copy;
  *                 the same after the threads touched its pages first; a pinned backup
@@ -39,7 +35,6 @@
 #include "bench_cli.h"
 #include "bench_stats.h"
 #include "fake_driver.h"
-#include "internal.h"
 #include "vmmarena.h"
 
 #define MIB ((size_t)1 << 20)
@@ -146,7 +141,6 @@ typedef struct variant {
   const char *name;
   const char *staging;    /* VMMARENA_PAUSE_STAGING value; NULL = the default */
   int cpus;               /* CPUs the copier's threads may use; 0 = all */
-  vmm_copy_design design; /* how the threads share a pause's chunks (VMM_COPY_TOUCH_AHEAD: the default) */
 } variant;
 
 typedef struct result {
@@ -166,7 +160,6 @@ static vmm_arena *arena_for(const variant *v) {
     return NULL;
   }
   vmm_arena *a = NULL;
-  vmm_copier_design = v->design; /* read by the arena's copier when it is made */
   if (vmm_arena_create(&cfg, &a) != VMM_OK) fprintf(stderr, "bench_pause: %s\n", vmm_create_error());
   return a;
 }
@@ -388,7 +381,7 @@ static int design_row(int design, size_t bytes, result *r) {
   size_t n = row_total / bytes;
   void *p[MAX_ALLOCS] = {0};
   memset(r, 0, sizeof *r);
-  variant v = {"", NULL, 0, VMM_COPY_TOUCH_AHEAD};
+  variant v = {"", NULL, 0};
   vmm_arena *a = arena_for(&v);
   if (!a) return failures++, -1;
   size_t made = 0;
@@ -651,19 +644,15 @@ static int setup(void) {
 }
 
 static const variant designs[] = {
-    {"vmmarena, pause slices of 256 KiB or more, one chunk at a time (the slicing before)", NULL, 0, VMM_COPY_SMALL},
-    {"vmmarena, pause slices on the backups' 2 MiB pages, one chunk at a time", NULL, 0, VMM_COPY_PAGES_SERIAL},
-    {"vmmarena, pause slices on 2 MiB pages, out of up to 4 chunks at once", NULL, 0, VMM_COPY_PAGES},
-    {"vmmarena, 2 MiB slices, 4 chunks at once, idle threads touch the pages ahead (the default)", NULL, 0, VMM_COPY_TOUCH_AHEAD},
-    {"vmmarena, 2 MiB slices, one chunk at a time, idle threads touch the pages ahead", NULL, 0, VMM_COPY_TOUCH_SERIAL},
-    {"vmmarena, 16 MiB staging", "16M", 0, VMM_COPY_TOUCH_AHEAD},
-    {"vmmarena, 64 MiB staging", "64M", 0, VMM_COPY_TOUCH_AHEAD},
-    {"vmmarena, 256 MiB staging", "256M", 0, VMM_COPY_TOUCH_AHEAD},
-    {"vmmarena, 32 MiB staging kept between calls", "32M,keep", 0, VMM_COPY_TOUCH_AHEAD},
-    {"vmmarena, 64 MiB staging kept between calls", "64M,keep", 0, VMM_COPY_TOUCH_AHEAD},
-    {"vmmarena, 4 copy threads", NULL, 4, VMM_COPY_TOUCH_AHEAD},
-    {"vmmarena, 8 copy threads", NULL, 8, VMM_COPY_TOUCH_AHEAD},
-    {"vmmarena, staging off: synchronous copies into pageable memory (the design before)", "0", 0, VMM_COPY_PAGES},
+    {"vmmarena, 32 MiB staging, 16 copy threads (the default)", NULL, 0},
+    {"vmmarena, 16 MiB staging", "16M", 0},
+    {"vmmarena, 64 MiB staging", "64M", 0},
+    {"vmmarena, 256 MiB staging", "256M", 0},
+    {"vmmarena, 32 MiB staging kept between calls", "32M,keep", 0},
+    {"vmmarena, 64 MiB staging kept between calls", "64M,keep", 0},
+    {"vmmarena, 4 copy threads", NULL, 4},
+    {"vmmarena, 8 copy threads", NULL, 8},
+    {"vmmarena, staging off: synchronous copies into pageable memory (the design before)", "0", 0},
 };
 
 static const char USAGE[] =
@@ -685,7 +674,7 @@ int main(int argc, char **argv) {
   static const size_t fake_sizes[] = {4 * MIB, 16 * MIB, 64 * MIB, 2 * MIB};
   const size_t *sizes = fake ? fake_sizes : real_sizes;
   size_t rows = fake ? 4 : 5, design_bytes = fake ? 16 * MIB : 256 * MIB;
-  variant def = {"vmmarena (32 MiB staging, 16 copy threads)", NULL, 0, VMM_COPY_TOUCH_AHEAD};
+  variant def = {"vmmarena (32 MiB staging, 16 copy threads)", NULL, 0};
   result r, ref = {0};
   print_head();
   for (size_t i = 0; i < rows; i++) {

@@ -26,10 +26,10 @@
 
 #include "bench_cli.h"
 #include "fake_driver.h"
+#include "internal.h" /* the core's hash table (vmm_table) and byte formatting */
 #include "vmmarena.h"
 #include "vmmarena/trace.h"
 
-#define GIB ((size_t)1 << 30)
 /* Capacity of the fake driver without --capacity: more than any trace asks for. */
 #define UNBOUNDED_CAPACITY ((size_t)1 << 50)
 #define FAKE_VA_SPACE ((size_t)1 << 46)
@@ -258,87 +258,6 @@ static vmm_trace_reader *open_trace(const char *trace) {
   return r;
 }
 
-/* ---- Pointer map: trace pointer -> replay pointer ------------------------------------ */
-
-/* Open addressing, linear probing, backward-shift deletion; sized once, never more than half
- * full. Keys are nonzero (trace pointers of successful allocations). */
-typedef struct ptr_map {
-  uint64_t *keys;
-  uint64_t *vals;
-  size_t mask, count;
-} ptr_map;
-
-static int map_init(ptr_map *m, size_t max_entries) {
-  size_t cap = 64;
-  while (cap < 2 * max_entries + 2) cap *= 2;
-  m->keys = calloc(cap, sizeof *m->keys);
-  m->vals = calloc(cap, sizeof *m->vals);
-  m->mask = cap - 1;
-  m->count = 0;
-  return m->keys && m->vals ? 0 : -1;
-}
-
-static void map_fini(ptr_map *m) {
-  free(m->keys);
-  free(m->vals);
-  memset(m, 0, sizeof *m);
-}
-
-static void map_clear(ptr_map *m) {
-  memset(m->keys, 0, (m->mask + 1) * sizeof *m->keys);
-  m->count = 0;
-}
-
-static size_t map_home(const ptr_map *m, uint64_t key) {
-  key ^= key >> 33;
-  key *= 0xff51afd7ed558ccdull;
-  key ^= key >> 33;
-  return (size_t)key & m->mask;
-}
-
-/* Slot of key, or of the empty slot where it would go. */
-static size_t map_slot(const ptr_map *m, uint64_t key) {
-  size_t i = map_home(m, key);
-  while (m->keys[i] != 0 && m->keys[i] != key) i = (i + 1) & m->mask;
-  return i;
-}
-
-static int map_contains(const ptr_map *m, uint64_t key) { return m->keys[map_slot(m, key)] == key; }
-
-/* Inserts a key that is absent; the map was sized for every insert. */
-static void map_put(ptr_map *m, uint64_t key, uint64_t val) {
-  size_t i = map_slot(m, key);
-  m->keys[i] = key;
-  m->vals[i] = val;
-  m->count++;
-}
-
-/* Returns 1 and key's value if it is present. */
-static int map_get(const ptr_map *m, uint64_t key, uint64_t *val) {
-  size_t i = map_slot(m, key);
-  if (m->keys[i] != key) return 0;
-  *val = m->vals[i];
-  return 1;
-}
-
-/* Removes key; returns 1 and its value if it was present. */
-static int map_take(ptr_map *m, uint64_t key, uint64_t *val) {
-  size_t i = map_slot(m, key);
-  if (m->keys[i] != key) return 0;
-  *val = m->vals[i];
-  for (size_t j = (i + 1) & m->mask; m->keys[j] != 0; j = (j + 1) & m->mask) {
-    size_t home = map_home(m, m->keys[j]);
-    if (((j - home) & m->mask) >= ((j - i) & m->mask)) {
-      m->keys[i] = m->keys[j];
-      m->vals[i] = m->vals[j];
-      i = j;
-    }
-  }
-  m->keys[i] = 0;
-  m->count--;
-  return 1;
-}
-
 /* ---- Parsed trace -------------------------------------------------------------------- */
 
 typedef struct op {
@@ -400,27 +319,30 @@ static int stream_index(trace *t, uint64_t stream, uint32_t *index) {
 /* The calls that only whole-process mode makes (format version 2). */
 static int process_op(vmm_trace_op type) { return type >= VMM_TRACE_CAPTURE_BEGIN && type <= VMM_TRACE_RECORD_STREAM; }
 
+/* The value of a pointer in the table of the trace's live pointers (any non-NULL one). */
+static char live_mark;
+
 /* Adds one record to t; checks that no allocation returns a pointer that is still live in
- * the trace. Returns 0, or -1 after printing what is wrong and where. */
-static int add_record(trace *t, ptr_map *live, const vmm_trace_record *rec, const char *name, size_t line) {
+ * the trace (`live`, with room for every record). Returns 0, or -1 after printing what is
+ * wrong and where. */
+static int add_record(trace *t, vmm_table *live, const vmm_trace_record *rec, const char *name, size_t line) {
   op o = {.type = (uint8_t)rec->op, .kind = (uint8_t)(rec->kind < 0 ? 0 : rec->kind), .bytes = rec->requested,
           .ptr = rec->ptr, .pool = rec->pool};
-  uint64_t unused;
   if (process_op(rec->op) || rec->pool != VMM_POOL_SHARED) t->whole_process = 1; /* failed calls too */
   if (rec->result != VMM_OK) {
     t->recorded_failures++;
     return 0;
   }
-  if (rec->op == VMM_TRACE_ALLOC && (rec->ptr == 0 || map_contains(live, rec->ptr))) {
+  if (rec->op == VMM_TRACE_ALLOC && (rec->ptr == 0 || vmm_table_find(live, rec->ptr))) {
     fprintf(stderr, "vmmarena-replay: %s: line %zu: alloc returned 0x%llx, %s\n", name, line,
             (unsigned long long)rec->ptr, rec->ptr ? "which is still live in the trace" : "a NULL pointer, with VMM_OK");
     return -1;
   }
-  if (rec->op == VMM_TRACE_FREE && !map_take(live, rec->ptr, &unused)) {
+  if (rec->op == VMM_TRACE_FREE && !vmm_table_remove(live, rec->ptr)) {
     t->unknown_frees++;
     return 0;
   }
-  if (rec->op == VMM_TRACE_RECORD_STREAM && !map_contains(live, rec->ptr)) {
+  if (rec->op == VMM_TRACE_RECORD_STREAM && !vmm_table_find(live, rec->ptr)) {
     t->unknown_uses++;
     return 0;
   }
@@ -429,7 +351,7 @@ static int add_record(trace *t, ptr_map *live, const vmm_trace_record *rec, cons
     return -1;
   }
   if (rec->op == VMM_TRACE_ALLOC) {
-    map_put(live, rec->ptr, 1);
+    vmm_table_insert(live, rec->ptr, &live_mark);
     t->allocs++;
   } else if (rec->op == VMM_TRACE_FREE) {
     t->frees++;
@@ -454,8 +376,9 @@ static int load_trace(vmm_trace_reader *r, trace *t) {
     return -1;
   }
   t->ops = malloc(records * sizeof *t->ops);
-  ptr_map live;
-  if (!t->ops || map_init(&live, records)) {
+  vmm_table live = {0};
+  if (!t->ops || vmm_table_init(&live) || vmm_table_reserve_n(&live, records)) {
+    vmm_table_fini(&live);
     fprintf(stderr, "vmmarena-replay: out of host memory for %zu trace records\n", records);
     return -1;
   }
@@ -463,7 +386,7 @@ static int load_trace(vmm_trace_reader *r, trace *t) {
   size_t line = 0;
   int rc = 0;
   while (rc == 0 && vmm_trace_reader_next(r, &rec, &line)) rc = add_record(t, &live, &rec, name, line);
-  map_fini(&live);
+  vmm_table_fini(&live);
   return rc;
 }
 
@@ -542,19 +465,21 @@ static void streams_close(replay_streams *rs, const trace *t) {
 
 /* ---- Policies ------------------------------------------------------------------------ */
 
+/* A policy is its row's name and the values of VMMARENA_RETAIN and VMMARENA_REUSE, set on the
+ * replay's configuration by the library's own parser (vmm_config_set). Rows are found by
+ * name (result_of), never by their place here. */
 typedef struct policy {
   const char *name;
-  vmm_retain_mode retain;
-  vmm_reuse_policy reuse;
-  double bound;
+  const char *retain; /* VMMARENA_RETAIN */
+  const char *reuse;  /* VMMARENA_REUSE */
 } policy;
 
 static const policy policies[] = {
-    {"no-retention", VMM_RETAIN_OFF, VMM_REUSE_EXACT, 1.0},  /* frees release at once: the physical limit */
-    {"retain-no-reuse", VMM_RETAIN_ON, VMM_REUSE_NONE, 1.0}, /* the seeds' failing behaviour */
-    {"exact", VMM_RETAIN_ON, VMM_REUSE_EXACT, 1.0},          /* the default */
-    {"bounded:2", VMM_RETAIN_ON, VMM_REUSE_BOUNDED, 2.0},
-    {"best-fit", VMM_RETAIN_ON, VMM_REUSE_BEST_FIT, 1.0},
+    {"no-retention", "off", "exact"},   /* frees release at once: the physical limit */
+    {"retain-no-reuse", "on", "none"},  /* the seeds' failing behaviour */
+    {"exact", "on", "exact"},           /* the default */
+    {"bounded:2", "on", "bounded:2"},
+    {"best-fit", "on", "best-fit"},
 };
 #define POLICY_COUNT (sizeof policies / sizeof policies[0])
 
@@ -581,14 +506,15 @@ static size_t replay_limit(const options *o, uint64_t traced) {
 
 /* Replays the trace under one policy. series (if non-NULL) gets the physical bytes after
  * every operation. Returns 0, or -1 if the arena could not be created. */
-static int replay(const options *o, const policy *p, const trace *t, const replay_streams *rs, ptr_map *map,
+static int replay(const options *o, const policy *p, const trace *t, const replay_streams *rs, vmm_table *map,
                   uint64_t *series, result *res) {
   memset(res, 0, sizeof *res);
   vmm_config cfg;
   vmm_config_init(&cfg);
-  cfg.retain = p->retain;
-  cfg.reuse = p->reuse;
-  cfg.reuse_bound = p->bound;
+  if (vmm_config_set(&cfg, "retain", p->retain) != VMM_OK || vmm_config_set(&cfg, "reuse", p->reuse) != VMM_OK) {
+    fprintf(stderr, "vmmarena-replay: %s: %s\n", p->name, vmm_config_error()); /* a bug of this file */
+    return -1;
+  }
   cfg.handle_bound_bytes = o->handle_bound;
   cfg.caching = o->cache;
   cfg.refill_share = o->refill_share;
@@ -612,25 +538,24 @@ static int replay(const options *o, const policy *p, const trace *t, const repla
     fprintf(stderr, "vmmarena-replay: %s: creating the arena: %s: %s\n", p->name, vmm_status_name(st), vmm_create_error());
     return -1;
   }
-  map_clear(map);
   double t0 = now_ms();
   for (size_t i = 0; i < t->count && !res->failed; i++) {
     const op *x = &t->ops[i];
     if (o->driver == DRIVER_FAKE) fake_advance_clock(1);
     CUstream stream = rs->handles[x->stream];
-    uint64_t replay_ptr;
+    void *replay_ptr;
     switch ((vmm_trace_op)x->type) {
     case VMM_TRACE_ALLOC: {
       void *ptr = NULL;
       if (x->tag) vmm_tag_push(t->tags[x->tag - 1]);
       st = vmm_arena_alloc_in(a, x->bytes, (vmm_kind)x->kind, stream, x->pool, &ptr);
       if (x->tag) vmm_tag_pop();
-      if (st == VMM_OK) map_put(map, x->ptr, (uint64_t)(uintptr_t)ptr);
+      if (st == VMM_OK) vmm_table_insert(map, x->ptr, ptr);
       else if (st == VMM_ERR_OUT_OF_MEMORY) res->oom++, st = VMM_OK;
       break;
     }
     case VMM_TRACE_FREE:
-      if (map_take(map, x->ptr, &replay_ptr)) st = vmm_arena_free(a, (void *)(uintptr_t)replay_ptr, stream);
+      if ((replay_ptr = vmm_table_remove(map, x->ptr))) st = vmm_arena_free(a, replay_ptr, stream);
       else res->skipped_frees++;
       break;
     case VMM_TRACE_BEGIN: st = vmm_retention_begin(a); break;
@@ -651,7 +576,7 @@ static int replay(const options *o, const policy *p, const trace *t, const repla
     case VMM_TRACE_RELEASE_POOL: st = vmm_arena_release_pool(a, x->pool); break;
     case VMM_TRACE_EMPTY_CACHE: st = o->keep_cache ? vmm_arena_quiesce(a) : vmm_arena_empty_cache(a); break;
     case VMM_TRACE_RECORD_STREAM: /* skipped when its allocation was refused here (counted as OOM) */
-      if (map_get(map, x->ptr, &replay_ptr)) st = vmm_arena_record_stream(a, (void *)(uintptr_t)replay_ptr, stream);
+      if ((replay_ptr = vmm_table_find(map, x->ptr))) st = vmm_arena_record_stream(a, replay_ptr, stream);
       break;
     case VMM_TRACE_SET_LIMIT: st = vmm_arena_set_limit(a, replay_limit(o, x->bytes)); break;
     }
@@ -687,14 +612,9 @@ static int replay(const options *o, const policy *p, const trace *t, const repla
 
 /* ---- Output -------------------------------------------------------------------------- */
 
-/* "35.27 GiB", "512.0 MiB", "64.0 KiB", "100 B". */
-static const char *human(uint64_t bytes, char buf[32]) {
-  if (bytes >= GIB) snprintf(buf, 32, "%.2f GiB", (double)bytes / (double)GIB);
-  else if (bytes >= 1 << 20) snprintf(buf, 32, "%.1f MiB", (double)bytes / (double)(1 << 20));
-  else if (bytes >= 1 << 10) snprintf(buf, 32, "%.1f KiB", (double)bytes / (double)(1 << 10));
-  else snprintf(buf, 32, "%llu B", (unsigned long long)bytes);
-  return buf;
-}
+/* "35.27 GiB", "512.0 MiB", "64.0 KiB", "100 B": the core's formatting, two decimals from GiB
+ * up, so that peaks a few percent apart differ in the table. */
+static const char *human(uint64_t bytes, char buf[32]) { return vmm_fmt_bytes_decimals(bytes, 2, buf); }
 
 static uint64_t calls_of(const result *r, vmm_driver_entry e) { return r->snap.driver[e].calls; }
 
@@ -738,7 +658,7 @@ static void print_table(const result *res) {
 static int lowest_peak(const result *res, int retaining) {
   int best = -1;
   for (size_t p = 0; p < POLICY_COUNT; p++) {
-    if (res[p].failed || res[p].oom || (retaining && policies[p].retain == VMM_RETAIN_OFF)) continue;
+    if (res[p].failed || res[p].oom || (retaining && !strcmp(policies[p].retain, "off"))) continue;
     if (best < 0 || res[p].snap.physical_peak_bytes < res[best].snap.physical_peak_bytes) best = (int)p;
   }
   return best;
@@ -897,13 +817,16 @@ static void print_summary(const options *o, const result *res) {
 /* Replays t under every policy and reports. Returns the exit status. */
 static int run_policies(const options *o, const trace *t) {
   replay_streams rs;
-  ptr_map map = {0};
   result res[POLICY_COUNT];
   uint64_t *series[POLICY_COUNT] = {0};
-  int ran = streams_open(&rs, t, o->driver) == 0 && map_init(&map, t->allocs) == 0, failed = 0;
+  int ran = streams_open(&rs, t, o->driver) == 0, failed = 0;
   /* A policy whose replay fails is marked in the table; the others still run. */
   for (size_t p = 0; p < POLICY_COUNT && ran; p++) {
-    if (o->plot && !(series[p] = calloc(t->count ? t->count : 1, sizeof *series[p]))) {
+    vmm_table map = {0}; /* trace pointer -> this replay's pointer, room for every allocation */
+    if (vmm_table_init(&map) || vmm_table_reserve_n(&map, t->allocs)) {
+      fputs("vmmarena-replay: out of host memory for the table of pointers\n", stderr);
+      ran = 0;
+    } else if (o->plot && !(series[p] = calloc(t->count ? t->count : 1, sizeof *series[p]))) {
       fputs("vmmarena-replay: out of host memory for the plot series\n", stderr);
       ran = 0;
     } else if (replay(o, &policies[p], t, &rs, &map, series[p], &res[p])) {
@@ -911,9 +834,9 @@ static int run_policies(const options *o, const trace *t) {
     } else {
       failed |= res[p].failed;
     }
+    vmm_table_fini(&map);
   }
   streams_close(&rs, t);
-  map_fini(&map);
   if (ran) {
     print_summary(o, res);
     if (o->csv && write_csv(o->csv, res)) failed = 1;

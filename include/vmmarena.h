@@ -74,7 +74,9 @@ VMM_API const char *vmm_status_message(vmm_status s);
  *                       pooled mapping; assembled from idle handles (unless package_assembly
  *                       is off); its free unmaps it and keeps the handles idle.
  *   VMM_KIND_TRANSIENT: temporaries of a warmup or tuning step. Its free keeps the mapping
- *                       live in the pool for a later transient allocation. */
+ *                       live in the pool for a later transient allocation.
+ * In whole-process mode (vmm_config.caching) both kinds are cached alike, in a scope or not: a
+ * free keeps the mapping in the pool for a later allocation of its kind. */
 typedef enum vmm_kind { VMM_KIND_PACKAGE, VMM_KIND_TRANSIENT } vmm_kind;
 #define VMM_KIND_COUNT 2 /* number of kinds: the size of vmm_snapshot.kind[] */
 
@@ -181,7 +183,8 @@ VMM_API const char *vmm_create_error(void);
 VMM_API void vmm_arena_destroy(vmm_arena *arena);
 
 /* Allocates `bytes` (rounded up to the granularity) of `kind` for use on `stream`, tagged with
- * this thread's current tag, and stores its base in *out. Inside a retaining scope it takes,
+ * this thread's current tag, and stores its base in *out. Inside a retaining scope (in
+ * whole-process mode outside one too, both kinds; see "Whole-process mode" below) it takes,
  * in order: a pooled mapping the reuse policy allows (transient only; no driver call); idle
  * handles mapped back to back with new memory for the rest (not under VMM_REUSE_NONE, nor for
  * package requests with package_assembly off); once new memory is refused, any pooled mapping
@@ -198,8 +201,11 @@ VMM_API vmm_status vmm_arena_alloc(vmm_arena *arena, size_t bytes, vmm_kind kind
  * Outside a retaining scope: synchronizes `stream`, unmaps and releases. Inside one a
  * transient mapping goes to the pool still mapped (no driver call), and a package one is
  * unmapped after the synchronize with its handles kept idle until finish. On a capturing
- * stream the unmap is deferred until a later call finds the capture over. Memory of an aborted
- * scope is only marked abandoned; a paused allocation gives its range and backup back.
+ * stream the unmap is deferred until a later call finds the capture over. In whole-process
+ * mode a free, in a scope or not, keeps its memory cached and never waits for `stream` (see
+ * "Whole-process mode" below); only shared-pool memory freed on a capturing stream while a
+ * capture is underway is deferred until it ends. Memory of an aborted scope is only marked
+ * abandoned; a paused allocation gives its range and backup back.
  *   VMM_ERR_UNKNOWN_POINTER  ptr is NULL, not from this arena, an interior pointer (the message
  *                            names the allocation) or already freed; nothing changes;
  *   VMM_ERR_DRIVER           a driver call failed; if it was the synchronize or the unmap, the
@@ -242,8 +248,9 @@ VMM_API vmm_status vmm_arena_device_memory(vmm_arena *arena, size_t *free_bytes,
  *     limit, the headroom or the driver): then the cache outside a scope is released and the
  *     request tried once more. Inside a scope nothing is released before finish.
  * Stream order is kept without a host wait on the allocation path: memory freed on a stream
- * is reused at once on it, and on another only once that stream waits for an event recorded
- * after the free (and after the work of every stream vmm_arena_record_stream added). */
+ * is reused at once on it, and on another only once the free's work is known complete (an
+ * event queried) or that stream waits for an event recorded after the free (the work of every
+ * stream vmm_arena_record_stream added included). */
 
 /* A pool of memory kept apart from the others: PyTorch's private pool of a CUDA graph. Memory
  * allocated into a pool and freed is reused only by allocations into the same pool until the
@@ -476,9 +483,11 @@ typedef struct vmm_snapshot {
   uint64_t retained_reusable_handles;           /* idle handles, mapped (pooled) and unmapped */
   uint64_t retained_reusable_bytes;             /* their bytes */
   uint64_t pool_buckets;                        /* distinct sizes in the pool */
-  uint64_t pool_hits, pool_misses, pool_fallbacks; /* transient allocations in a scope the policy
-                                                      served, found nothing for, and refused
-                                                      ones any pooled mapping served */
+  uint64_t pool_hits, pool_misses, pool_fallbacks; /* allocations that could take a pooled mapping
+                                                      (transient ones in a scope; in whole-process
+                                                      mode every one) that the policy served,
+                                                      found nothing for, and refused ones any
+                                                      pooled mapping served */
   uint64_t handle_bound_bytes;                  /* largest handle created inside a scope */
   uint64_t assemblies;                          /* allocations mapped from idle handles (+ new memory) */
   uint64_t padded_assemblies;                   /* of those, fallbacks that used a larger handle */

@@ -1,9 +1,11 @@
 /* The copy engine of backups (VMM_PAUSE_BACKUP): a few pinned staging buffers, each with its
  * own stream, and host threads. Device to host, the device copies the next chunks into their
- * buffers while the threads copy the finished ones out into the pageable backups, in slices
- * cut on the backups' 2 MiB pages, so that one thread writes a fresh huge page (the others
- * writing into it would wait for its fault) (vmm_copier_design chooses how); host to device
- * the other way round, one chunk at a time.
+ * buffers while the threads copy the finished ones out into the pageable backups, out of up to
+ * SLOTS finished chunks at once, in slices cut on the backups' 2 MiB pages, so that one thread
+ * writes a fresh huge page (the others writing into it would wait for its fault), and idle
+ * threads touch the backups' pages of the chunks to come (docs/benchmarks.md, "Pause and
+ * resume", says why); host to device the other way round, one chunk at a time, in slices of
+ * any 4 KiB.
  * Only the calling thread calls the driver (so a run's calls come in one order); the worker
  * threads only copy (and touch) host memory. One copy of an arena runs at a time (they share
  * the link) and outside the arena lock. Also here: the wait for the allocations' streams that
@@ -23,21 +25,6 @@
 #define PAGE ((size_t)4096)
 #define HUGE ((size_t)2 << 20)           /* a huge page: backups start on one (backup.c) */
 #define SPIN_NS 2000000ull               /* a thread spins this long for the next chunk, then sleeps */
-
-vmm_copy_design vmm_copier_design = VMM_COPY_TOUCH_AHEAD; /* for the copiers made from now on */
-
-/* What each design does device to host. */
-static const struct {
-  bool pages; /* slices end where the backup's 2 MiB page changes, else anywhere */
-  int depth;  /* finished chunks the threads copy out of at once */
-  bool touch; /* idle threads touch the backup pages past the chunks posted */
-} designs[VMM_COPY_DESIGNS] = {
-    [VMM_COPY_PAGES] = {true, SLOTS, false},
-    [VMM_COPY_PAGES_SERIAL] = {true, 1, false},
-    [VMM_COPY_SMALL] = {false, 1, false},
-    [VMM_COPY_TOUCH_AHEAD] = {true, SLOTS, true},
-    [VMM_COPY_TOUCH_SERIAL] = {true, 1, true},
-};
 
 typedef struct vmm_copier vmm_copier;
 
@@ -71,7 +58,6 @@ struct vmm_copier {
   int threads, sleepers, ids; /* workers started; workers asleep on `work`; ids given */
   bool started, stopping, busy; /* threads started once; destroy stops them; a copy runs */
   int waiting;             /* copies waiting for the one running */
-  vmm_copy_design design;  /* vmm_copier_design when the copier was made */
   job jobs[SLOTS];         /* the chunks posted, oldest first from `head` */
   int head, count;         /* the oldest posted; how many */
   size_t posted;           /* jobs posted so far: the threads spin on it (atomic) */
@@ -119,8 +105,7 @@ vmm_status vmm_copier_get(vmm_arena *a) {
   vmm_copier *c = calloc(1, sizeof *c);
   if (!c) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for the copier (%zu B); nothing changed", sizeof *c);
   c->a = a;
-  c->design = (unsigned)vmm_copier_design < (unsigned)VMM_COPY_DESIGNS ? vmm_copier_design : VMM_COPY_TOUCH_AHEAD;
-  c->touch_step = designs[c->design].touch ? fault_bytes() : PAGE;
+  c->touch_step = fault_bytes();
   for (int i = 0; i < MAX_THREADS - 1; i++) c->touch_at[i] = SIZE_MAX;
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->work, NULL);
@@ -310,9 +295,10 @@ static void start_threads(vmm_copier *c) {
 }
 
 /* Posts bytes [at, at + len) of the copy, in `buf`, to the threads, once no touch ahead
- * writes into them: slices of len / 2 (threads + 1) bytes or more, in whole pages. */
+ * writes into them: slices of len / 2 (threads + 1) bytes or more, in whole pages (whole 2 MiB
+ * pages of the backups to the host). */
 static void post(vmm_copier *c, const plan *p, size_t at, size_t len, char *buf) {
-  bool pages = p->to_host && designs[c->design].pages;
+  bool pages = p->to_host;
   size_t parts = 2 * (size_t)(c->threads + 1), want = ((len + parts - 1) / parts + PAGE - 1) & ~(PAGE - 1);
   if (want < MIN_SLICE) want = MIN_SLICE;
   if (pages) want = (want + HUGE - 1) & ~(HUGE - 1);
@@ -342,9 +328,8 @@ static void finish(vmm_copier *c) {
   pthread_mutex_unlock(&c->mu);
 }
 
-/* Starts the touching ahead of a copy to the host, where the design does. */
+/* Starts the touching ahead of a copy to the host. */
 static void touch_begin(vmm_copier *c, const plan *p, size_t chunk) {
-  if (!designs[c->design].touch) return;
   pthread_mutex_lock(&c->mu);
   c->touching = p, c->front = 0, c->touch_next = 0, c->ahead = 2 * SLOTS * chunk;
   __atomic_store_n(&c->posted, c->posted + 1, __ATOMIC_RELEASE);
@@ -469,16 +454,16 @@ static bool queue(vmm_copier *c, const plan *p, int i, size_t chunk, size_t *nex
 }
 
 /* Device to host: SLOTS chunks in flight. The caller waits for the device's chunks in the
- * order they fill and posts each to the threads, up to the design's depth at once; a chunk
+ * order they fill and posts each to the threads, up to SLOTS at once; a chunk
  * copied out gives its buffer the next chunk. Device and host slots both go round in order. */
 static bool pump_to_host(vmm_copier *c, const plan *p, size_t chunk, vmm_copy_error *err) {
   size_t total = p->start[p->n], next = 0, at[SLOTS] = {0}, len[SLOTS] = {0};
   bool busy[SLOTS] = {false}, ok = true;
-  int d = 0, h = 0, posted = 0, depth = designs[c->design].depth; /* device's next; host's oldest */
+  int d = 0, h = 0, posted = 0; /* device's next; host's oldest; chunks posted */
   touch_begin(c, p, chunk);
   for (int i = 0; i < SLOTS && ok && next < total; i++) ok = queue(c, p, i, chunk, &next, at, len, busy, err);
   while (ok && (busy[d] || posted)) {
-    if (busy[d] && posted < depth) {
+    if (busy[d] && posted < SLOTS) {
       if (!(ok = sync_slot(c, d, at[d], len[d], err))) break; /* still busy: waited for again below */
       busy[d] = false;
       post(c, p, at[d], len[d], c->buf[d]);

@@ -21,7 +21,7 @@ const char *vmm_status_message(vmm_status s) {
   return (unsigned)s < VMM_STATUS_COUNT ? statuses[s].message : "unknown status";
 }
 
-const char *vmm_fmt_bytes(uint64_t bytes, char buf[32]) {
+const char *vmm_fmt_bytes_decimals(uint64_t bytes, int gib_decimals, char buf[32]) {
   static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
   if (bytes < 1024) {
     snprintf(buf, 32, "%llu B", (unsigned long long)bytes);
@@ -33,9 +33,11 @@ const char *vmm_fmt_bytes(uint64_t bytes, char buf[32]) {
     v /= 1024.0;
     u++;
   }
-  snprintf(buf, 32, "%.1f %s", v, units[u]);
+  snprintf(buf, 32, "%.*f %s", u >= 2 ? gib_decimals : 1, v, units[u]);
   return buf;
 }
+
+const char *vmm_fmt_bytes(uint64_t bytes, char buf[32]) { return vmm_fmt_bytes_decimals(bytes, 1, buf); }
 
 void vmm_describe_holdings(const vmm_arena *a, char *buf, size_t cap) {
   char t[6][32];

@@ -243,24 +243,29 @@ VMM_INTERNAL vmm_status vmm_mapping_free_paused(vmm_arena *a, vmm_mapping *m, bo
 /* Unmaps and releases everything of m, logging failures (destroy only). */
 VMM_INTERNAL void vmm_mapping_destroy(vmm_arena *a, vmm_mapping *m);
 
-/* Open-addressing hash of mapping records by base address (mapping_table.c). */
-typedef struct vmm_mapping_table {
-  vmm_mapping **slots;
+/* A hash table from 64-bit keys to non-NULL pointers (mapping_table.c): the arena's mapping
+ * records by base address, and the trace pointers of vmmarena-replay. */
+typedef struct vmm_table {
+  uint64_t *keys;
+  void **vals; /* NULL: an empty slot */
   size_t cap, count;
-} vmm_mapping_table;
+} vmm_table;
 
-VMM_INTERNAL int vmm_table_init(vmm_mapping_table *t);
-VMM_INTERNAL void vmm_table_fini(vmm_mapping_table *t);
-VMM_INTERNAL vmm_mapping *vmm_table_find(const vmm_mapping_table *t, CUdeviceptr base);
-/* Reserves room for one (n) more records so that the next inserts cannot fail. */
-VMM_INTERNAL int vmm_table_reserve(vmm_mapping_table *t);
-VMM_INTERNAL int vmm_table_reserve_n(vmm_mapping_table *t, size_t n);
-VMM_INTERNAL void vmm_table_insert(vmm_mapping_table *t, vmm_mapping *m);
-VMM_INTERNAL void vmm_table_remove(vmm_mapping_table *t, CUdeviceptr base);
-/* The record whose extent contains ptr (O(n), error paths only), or NULL. */
-VMM_INTERNAL vmm_mapping *vmm_table_containing(const vmm_mapping_table *t, CUdeviceptr ptr);
+VMM_INTERNAL int vmm_table_init(vmm_table *t);
+VMM_INTERNAL void vmm_table_fini(vmm_table *t);
+/* The value of key, or NULL. */
+VMM_INTERNAL void *vmm_table_find(const vmm_table *t, uint64_t key);
+/* Reserves room for one (n) more entries so that the next inserts cannot fail. */
+VMM_INTERNAL int vmm_table_reserve(vmm_table *t);
+VMM_INTERNAL int vmm_table_reserve_n(vmm_table *t, size_t n);
+/* Inserts a key that is absent, with a non-NULL value, into room reserved before. */
+VMM_INTERNAL void vmm_table_insert(vmm_table *t, uint64_t key, void *value);
+/* Removes key; returns its value, or NULL if it was absent. */
+VMM_INTERNAL void *vmm_table_remove(vmm_table *t, uint64_t key);
+/* The mapping record whose extent contains ptr (O(n), error paths only), or NULL. */
+VMM_INTERNAL vmm_mapping *vmm_table_containing(const vmm_table *t, CUdeviceptr ptr);
 #define vmm_table_foreach(t, i, m) \
-  for (size_t i = 0; i < (t)->cap; i++) if (((m) = (t)->slots[i]) != NULL)
+  for (size_t i = 0; i < (t)->cap; i++) if (((m) = (t)->vals[i]) != NULL)
 
 /* ---- The idle-handle store (store.c) --------------------------------------------------- */
 
@@ -475,7 +480,7 @@ struct vmm_arena {
   vmm_ranges ranges;
   vmm_retiring retiring;       /* old ranges of mappings taken apart early (retiring.c) */
   vmm_unmapper unmapper;       /* retired ranges being unmapped off the allocation path (unmapper.c) */
-  vmm_mapping_table table;
+  vmm_table table;             /* mapping records by base address */
   vmm_store store;
   vmm_mapping *deferred_head;  /* frees waiting for a capture to end (stream_order.c) */
   vmm_pages pages;             /* requests below the granularity (pages.c) */
@@ -611,8 +616,11 @@ VMM_INTERNAL void vmm_ranges_free_unless_stuck(vmm_arena *a, CUdeviceptr base, s
                                                size_t first_stuck);
 
 /* ---- Errors and messages (errors.c) -------------------------------------------------- */
-/* Formats bytes as "7.1 GiB", "512.0 MiB", "4096 B". */
+/* Formats bytes as "7.1 GiB", "512.0 MiB", "1023 B": the largest binary unit (up to PiB) that
+ * keeps the number at 1 or more, one decimal. */
 VMM_INTERNAL const char *vmm_fmt_bytes(uint64_t bytes, char buf[32]);
+/* The same with `gib_decimals` decimals from GiB up ("8.49 GiB": vmmarena-replay's table). */
+VMM_INTERNAL const char *vmm_fmt_bytes_decimals(uint64_t bytes, int gib_decimals, char buf[32]);
 VMM_INTERNAL vmm_status vmm_fail(vmm_arena *a, vmm_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Records a failed driver call: sticky fatal unless it is out of memory. Returns the status. */
@@ -626,7 +634,6 @@ VMM_INTERNAL const char *vmm_kind_name(int kind);
 /* ---- Tags (tags.c) ------------------------------------------------------------------- */
 VMM_INTERNAL uint32_t vmm_tag_current_id(void);
 VMM_INTERNAL const char *vmm_tag_name(uint32_t id);
-VMM_INTERNAL uint32_t vmm_tag_count(void);
 /* The interned id of a tag name, or 0 with *known = false if the name was never used. */
 VMM_INTERNAL uint32_t vmm_tag_lookup(const char *name, bool *known);
 
@@ -832,19 +839,6 @@ typedef struct vmm_copy_segment {
   size_t bytes;
 } vmm_copy_segment;
 
-/* How a pause shares its chunks among the host threads (host to device is always one chunk at a
- * time, in slices of any 4 KiB). Not a setting: the benchmark and the tests set
- * vmm_copier_design before creating an arena, whose copier reads it once; TOUCH_AHEAD is the
- * default (docs/benchmarks.md, section 5, says why). */
-typedef enum vmm_copy_design {
-  VMM_COPY_PAGES,        /* slices on the backups' 2 MiB pages, out of every chunk the device finished */
-  VMM_COPY_PAGES_SERIAL, /* slices on the backups' 2 MiB pages, one chunk at a time */
-  VMM_COPY_SMALL,        /* slices of 256 KiB or more on any 4 KiB, one chunk at a time (the design before) */
-  VMM_COPY_TOUCH_AHEAD,  /* as PAGES, and idle threads touch the backups' pages of the chunks to come */
-  VMM_COPY_TOUCH_SERIAL, /* as PAGES_SERIAL, and idle threads touch the backups' pages of the chunks to come */
-  VMM_COPY_DESIGNS
-} vmm_copy_design;
-VMM_INTERNAL extern vmm_copy_design vmm_copier_design;
 
 /* What failed in a copy made outside the arena lock, recorded once the lock is held again. */
 typedef struct vmm_copy_error {

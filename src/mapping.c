@@ -83,7 +83,7 @@ void vmm_mapping_insert_live(vmm_arena *a, vmm_mapping *m, size_t extent, vmm_ki
   m->kind = kind;
   m->state = VMM_MAP_LIVE;
   vmm_stat_add(a, m->kind, m->state, m->extent, +1);
-  vmm_table_insert(&a->table, m);
+  vmm_table_insert(&a->table, m->base, m);
 }
 
 void vmm_mapping_hand_out(vmm_arena *a, vmm_mapping *m, const vmm_request *req, uint64_t scope_id) {
@@ -271,7 +271,7 @@ void vmm_mapping_split_off(vmm_arena *a, vmm_mapping *m, uint32_t k, CUstream *u
   m->extent -= size;
   a->mapped_bytes -= size;
   vmm_stat_add(a, m->kind, m->state, m->extent, +1);
-  vmm_table_insert(&a->table, m); /* the slot just freed: cannot fail */
+  vmm_table_insert(&a->table, m->base, m); /* the slot just freed: cannot fail */
 }
 
 /* A record for m's n handles from k on, in place at `offset` bytes into m, of `bytes`, with m's
@@ -303,7 +303,7 @@ static vmm_mapping *part_record(const vmm_mapping *m, uint32_t k, uint32_t n, si
 
 static void add_part(vmm_arena *a, vmm_mapping *t) {
   vmm_stat_add(a, t->kind, t->state, t->extent, +1);
-  vmm_table_insert(&a->table, t);
+  vmm_table_insert(&a->table, t->base, t);
   for (uint32_t i = 0; i < t->handle_count; i++) t->handles[i]->owner = t;
 }
 

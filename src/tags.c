@@ -80,13 +80,6 @@ const char *vmm_tag_name(uint32_t id) {
   return name;
 }
 
-uint32_t vmm_tag_count(void) {
-  pthread_mutex_lock(&intern_lock);
-  uint32_t n = name_count;
-  pthread_mutex_unlock(&intern_lock);
-  return n;
-}
-
 static __thread uint32_t *tag_stack;
 static __thread size_t tag_depth, tag_stack_cap;
 

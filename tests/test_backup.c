@@ -1,6 +1,5 @@
 /* Backups through the copy engine (VMM_PAUSE_BACKUP with the pinned staging), on the fake
- * driver, in each way the copier shares a pause among its threads (vmm_copier_design): the
- * pipeline's chunking at odd sizes (each chunk's device copies counted against a model), the
+ * driver: the pipeline's chunking at odd sizes (each chunk's device copies counted against a model), the
  * copier's slices of segments that start and end off 2 MiB and 4 KiB boundaries (1 byte, 4097
  * bytes, 2 MiB +- 1, several in a huge page; nothing written outside them), contents
  * bit-identical over cycles, the staging released after every call or kept,
@@ -153,12 +152,10 @@ static void chunked_cycle(vmm_arena *a, const alloc *x, size_t n, size_t chunk, 
     if (!holds(x[i].p, x[i].bytes, x[i].seed)) fail_msg("%s: allocation %zu differs", what, i);
 }
 
-/* Each layout, in each design of the copier: the device side is the same in all. */
+/* Each layout. */
 static void chunking_at_odd_sizes(void **state) {
   (void)state;
-  for (size_t k = 0; k < VMM_COPY_DESIGNS * sizeof layouts / sizeof layouts[0]; k++) {
-    size_t c = k % (sizeof layouts / sizeof layouts[0]);
-    vmm_copier_design = (vmm_copy_design)(k / (sizeof layouts / sizeof layouts[0]));
+  for (size_t c = 0; c < sizeof layouts / sizeof layouts[0]; c++) {
     vmm_arena *a = arena(layouts[c].staging, NULL);
     alloc x[12];
     size_t n = 0;
@@ -170,16 +167,15 @@ static void chunking_at_odd_sizes(void **state) {
     qsort(x, n, sizeof *x, by_address); /* the order the pause copies them in */
     for (int cycle = 0; cycle < 3; cycle++) {
       char what[64];
-      snprintf(what, sizeof what, "design %d, layout %zu, cycle %d", (int)vmm_copier_design, c, cycle);
+      snprintf(what, sizeof what, "layout %zu, cycle %d", c, cycle);
       chunked_cycle(a, x, n, layouts[c].chunk, what);
     }
     for (size_t i = 0; i < n; i++) assert_int_equal(vmm_arena_free(a, x[i].p, S1), VMM_OK);
     tu_destroy(a);
   }
-  vmm_copier_design = VMM_COPY_PAGES;
 }
 
-/* ---- The host side's slices at odd sizes, in every design ------------------------------ */
+/* ---- The host side's slices at odd sizes --------------------------------------------- */
 
 #define AREA (24 * MiB) /* the host area of the copies below, 2 MiB aligned, and the device allocation */
 
@@ -230,9 +226,9 @@ static void same_bytes(const unsigned char *got, const unsigned char *want, cons
   fail_msg("%s: %s byte %zu is 0x%02x, not 0x%02x", what, side, off, got[off], want[off]);
 }
 
-/* The segments above copied to the host area and back with the copier itself, in each design,
- * with chunks of 256 KiB, 2.25 MiB and 8 MiB: the bytes arrive bit-identical, and nothing
- * outside the segments is written (touch ahead included). */
+/* The segments above copied to the host area and back with the copier itself, with chunks of
+ * 256 KiB, 2.25 MiB and 8 MiB: the bytes arrive bit-identical, and nothing outside the segments
+ * is written (touch ahead included). */
 static void slices_at_odd_sizes(void **state) {
   (void)state;
   static const char *const stagings[] = {"1M", "9M", "32M"};
@@ -240,33 +236,30 @@ static void slices_at_odd_sizes(void **state) {
   char *map, what[64];
   unsigned char *h = host_area(&map);
   odd_images();
-  for (int d = 0; d < VMM_COPY_DESIGNS; d++)
-    for (size_t st = 0; st < 3; st++) {
-      vmm_copier_design = (vmm_copy_design)d;
-      vmm_arena *a = arena(stagings[st], NULL);
-      void *p = tu_alloc(a, AREA, VMM_KIND_PACKAGE, S1);
-      assert_int_equal(vmm_arena_quiesce(a), VMM_OK); /* the copies come after its use, as a pause orders them */
-      vmm_copy_segment seg[ODD];
-      for (size_t i = 0; i < ODD; i++) seg[i] = (vmm_copy_segment){dptr(p) + odd[i].dev, (char *)h + odd[i].host, odd[i].bytes};
-      snprintf(what, sizeof what, "design %d, staging %s", d, stagings[st]);
-      vmm_copy_error err;
-      assert_int_equal(vmm_copier_get(a), VMM_OK);
-      for (int cycle = 0; cycle < 2; cycle++) {
-        memset(h, 0xA5, AREA);
-        assert_int_equal(fake_write(dptr(p), pat, AREA), 0);
-        if (!vmm_copier_run(a, seg, ODD, true, &err)) fail_msg("%s: to the host: %s", what, err.what);
-        same_bytes(h, want_host, "host", what);
-        memset(dev, 0, AREA);
-        assert_int_equal(fake_write(dptr(p), dev, AREA), 0);
-        if (!vmm_copier_run(a, seg, ODD, false, &err)) fail_msg("%s: to the device: %s", what, err.what);
-        assert_int_equal(fake_read(dptr(p), dev, AREA), 0);
-        same_bytes(dev, want_dev, "device", what);
-      }
-      vmm_ctx_leave(a);
-      assert_int_equal(vmm_arena_free(a, p, S1), VMM_OK);
-      tu_destroy(a);
+  for (size_t st = 0; st < 3; st++) {
+    vmm_arena *a = arena(stagings[st], NULL);
+    void *p = tu_alloc(a, AREA, VMM_KIND_PACKAGE, S1);
+    assert_int_equal(vmm_arena_quiesce(a), VMM_OK); /* the copies come after its use, as a pause orders them */
+    vmm_copy_segment seg[ODD];
+    for (size_t i = 0; i < ODD; i++) seg[i] = (vmm_copy_segment){dptr(p) + odd[i].dev, (char *)h + odd[i].host, odd[i].bytes};
+    snprintf(what, sizeof what, "staging %s", stagings[st]);
+    vmm_copy_error err;
+    assert_int_equal(vmm_copier_get(a), VMM_OK);
+    for (int cycle = 0; cycle < 2; cycle++) {
+      memset(h, 0xA5, AREA);
+      assert_int_equal(fake_write(dptr(p), pat, AREA), 0);
+      if (!vmm_copier_run(a, seg, ODD, true, &err)) fail_msg("%s: to the host: %s", what, err.what);
+      same_bytes(h, want_host, "host", what);
+      memset(dev, 0, AREA);
+      assert_int_equal(fake_write(dptr(p), dev, AREA), 0);
+      if (!vmm_copier_run(a, seg, ODD, false, &err)) fail_msg("%s: to the device: %s", what, err.what);
+      assert_int_equal(fake_read(dptr(p), dev, AREA), 0);
+      same_bytes(dev, want_dev, "device", what);
     }
-  vmm_copier_design = VMM_COPY_PAGES;
+    vmm_ctx_leave(a);
+    assert_int_equal(vmm_arena_free(a, p, S1), VMM_OK);
+    tu_destroy(a);
+  }
   munmap(map, AREA + 2 * MiB);
 }
 
@@ -456,25 +449,19 @@ static unsigned countdown_run(vmm_driver_entry entry, unsigned nth, CUresult cod
   return fired;
 }
 
-/* In the designs of the copier that end a failed pause differently: several chunks posted at
- * once, one at a time (the slices on pages do not change the ending), touches in flight. */
+/* Several chunks posted at once, touches in flight: a failed pause ends them all. */
 static void faults_at_every_copy_call(void **state) {
   (void)state;
   static const CUresult codes[] = {CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN};
-  static const vmm_copy_design designs[] = {VMM_COPY_PAGES, VMM_COPY_SMALL, VMM_COPY_TOUCH_AHEAD};
   size_t runs = 0;
-  for (int d = 0; d < 3; d++) {
-    vmm_copier_design = designs[d];
-    for (size_t e = 0; e < sizeof copy_entries / sizeof copy_entries[0]; e++) {
-      unsigned points = 0;
-      for (int c = 0; c < 2; c++)
-        for (int persistent = 0; persistent < 2; persistent++)
-          for (unsigned nth = 1; countdown_run(copy_entries[e], nth, codes[c], persistent); nth++) points++, runs++;
-      if (points < 4) fail_msg("%s: only %u injection points", vmm_driver_entry_name(copy_entries[e]), points);
-    }
+  for (size_t e = 0; e < sizeof copy_entries / sizeof copy_entries[0]; e++) {
+    unsigned points = 0;
+    for (int c = 0; c < 2; c++)
+      for (int persistent = 0; persistent < 2; persistent++)
+        for (unsigned nth = 1; countdown_run(copy_entries[e], nth, codes[c], persistent); nth++) points++, runs++;
+    if (points < 4) fail_msg("%s: only %u injection points", vmm_driver_entry_name(copy_entries[e]), points);
   }
-  vmm_copier_design = VMM_COPY_PAGES;
-  printf("copy countdown: %zu runs that met a fault in 3 designs, every one sound\n", runs);
+  printf("copy countdown: %zu runs that met a fault, every one sound\n", runs);
 }
 
 /* ---- A tag paused partly with backups, partly without -------------------------------- */
@@ -635,9 +622,9 @@ static void *cycles_thread(void *arg) {
   return NULL;
 }
 
-static void concurrent_pauses(vmm_copy_design design) {
+static void concurrent_pauses_of_different_tags(void **state) {
+  (void)state;
   enum { THREADS = 6 };
-  vmm_copier_design = design;
   vmm_arena *a = arena("1M", NULL);
   static worker w[THREADS];
   for (int t = 0; t < THREADS; t++) {
@@ -657,13 +644,6 @@ static void concurrent_pauses(vmm_copy_design design) {
   }
   assert_int_equal(pinned_bytes(), 0);
   tu_destroy(a);
-}
-
-/* In each design of the copier. */
-static void concurrent_pauses_of_different_tags(void **state) {
-  (void)state;
-  for (int d = 0; d < VMM_COPY_DESIGNS; d++) concurrent_pauses((vmm_copy_design)d);
-  vmm_copier_design = VMM_COPY_PAGES;
 }
 
 /* ---- Destroy while paused ------------------------------------------------------------ */
