@@ -27,7 +27,10 @@ static vmm_status alloc_slot(vmm_arena *a, const vmm_request *req, CUdeviceptr *
   page.bytes = page.rounded = a->granularity;
   page.exact = true;
   vmm_mapping *m;
-  if ((st = vmm_alloc_mapping(a, &page, &m)) != VMM_OK) return st;
+  if ((st = vmm_alloc_mapping(a, &page, &m)) != VMM_OK) { /* the last resort: slots waiting for events */
+    bool ordered = st == VMM_ERR_OUT_OF_MEMORY && vmm_pages_order_waits(a, &k) && vmm_pages_take(a, &k, out) == VMM_OK;
+    return ordered ? VMM_OK : st;
+  }
   vmm_pages_carve(a, m, &k);
   return vmm_pages_take(a, &k, out);
 }

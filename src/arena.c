@@ -53,7 +53,7 @@ static bool hit_usable(void *arg, vmm_mapping *m) {
 }
 
 static vmm_mapping *take_pooled(vmm_arena *a, const vmm_request *req, size_t most, bool shared) {
-  hit_ctx c = {{a, req->stream, -1}, req->kind, req->pool, shared};
+  hit_ctx c = {vmm_reuse_on(a, req->stream, req->last_resort), req->kind, req->pool, shared};
   return vmm_pool_take(&a->store.pool, req->rounded, most, hit_usable, &c);
 }
 
@@ -71,7 +71,7 @@ static vmm_status from_pool(vmm_arena *a, const vmm_request *req, vmm_mapping **
 static vmm_status take_run(vmm_arena *a, const vmm_request *req, bool shared, vmm_mapping **out) {
   if (!a->cfg.caching || !pooling(a, req) || a->cfg.reuse != VMM_REUSE_EXACT) return NOTHING;
   if (vmm_pool_reserve(&a->store.pool, 2)) return NOTHING;
-  hit_ctx c = {{a, req->stream, -1}, req->kind, req->pool, shared};
+  hit_ctx c = {vmm_reuse_on(a, req->stream, req->last_resort), req->kind, req->pool, shared};
   uint32_t first, count;
   vmm_mapping *m = vmm_pool_take_run(&a->store.pool, req->rounded, reuse_limit(a, req), hit_usable, &c, &first, &count);
   vmm_mapping *after = NULL;
@@ -159,6 +159,37 @@ static vmm_status from_released_cache(vmm_arena *a, const vmm_request *req, vmm_
   return vmm_assemble(a, req, vmm_assembly_mode_for(a, req->kind), NULL, out);
 }
 
+/* Whole-process mode orders a request after incomplete frees by events (the request's stream
+ * waits for them) only as its last resort: inside a scope before new memory, and before a
+ * refusal. Then the reuse sources are tried again, the assembly last. */
+static bool may_order_by_event(const vmm_arena *a, const vmm_request *req) {
+  return a->cfg.caching && !a->cfg.order_by_event && !req->last_resort && pooling(a, req) && a->store.pool.count;
+}
+
+static vmm_status take_by_event(vmm_arena *a, const vmm_request *req, bool refused, vmm_mapping **out) {
+  static vmm_status (*const reuse[])(vmm_arena *, const vmm_request *, vmm_mapping **) = {
+      from_retired, from_pool_run, from_retired_run, from_idle_and_new, from_any_pooled};
+  vmm_request ordered = *req;
+  ordered.last_resort = true;
+  if ((*out = take_pooled(a, &ordered, reuse_limit(a, &ordered), false)) != NULL) {
+    a->pool_misses--, a->pool_hits++; /* what from_pool counted a miss is a hit */
+    return VMM_OK;
+  }
+  size_t n = refused ? 5 : 4; /* any pooled mapping, whatever its size, only once new memory was refused */
+  vmm_status st = NOTHING;
+  for (size_t i = 0; i < n && (st == NOTHING || st == VMM_ERR_OUT_OF_MEMORY); i++) st = reuse[i](a, &ordered, out);
+  return st;
+}
+
+static vmm_status from_ordered_before_new(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
+  if (a->scope != VMM_SCOPE_ACTIVE || !may_order_by_event(a, req) || !vmm_assembly_needs_new(a, req)) return NOTHING;
+  return take_by_event(a, req, false, out);
+}
+
+static vmm_status from_ordered_before_refusal(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
+  return may_order_by_event(a, req) ? take_by_event(a, req, true, out) : NOTHING;
+}
+
 /* Where a mapping comes from, in this order. A source answers with a mapping, NOTHING (the
  * next one tries), a refusal of new memory (VMM_ERR_OUT_OF_MEMORY: the next one tries, and
  * the fallbacks open), or another error, which ends the list. */
@@ -171,11 +202,13 @@ static const struct {
     {false, from_pool_run},      /* whole-process mode: a run of a larger pooled mapping's handles, in place */
     {false, from_retired_run},   /* whole-process mode: a run of a larger retired range's handles, in place */
     {false, from_shared_whole},  /* whole-process mode, a graph's request: a complete shared mapping or run, whole */
+    {false, from_ordered_before_new}, /* whole-process mode in a scope: the above and the assembly ordered by events */
     {false, from_refill},        /* VMMARENA_REFILL: new memory within its mark, not several cached handles */
     {false, from_idle_and_new},  /* assembly: idle handles back to back, new memory only for the rest */
     {false, from_new_memory},    /* new memory: one handle, where nothing is kept */
     {true, from_any_pooled},     /* pooled fallback: any pooled mapping that fits, whatever its size */
     {true, from_idle_padded},    /* padded assembly: idle handles, the last one larger than what is left */
+    {true, from_ordered_before_refusal}, /* whole-process mode: the reuse sources ordered by events */
     {true, from_released_cache}, /* whole-process mode: the cache released, then new memory again */
 };
 

@@ -53,6 +53,9 @@ static vmm_status check_config(const vmm_config *cfg) {
     return create_fail(NULL, VMM_ERR_INVALID_ARGUMENT, "reserve_bytes must be greater than zero");
   if (cfg->grow_in_place != 0 && cfg->grow_in_place != 1)
     return create_fail(NULL, VMM_ERR_INVALID_ARGUMENT, "grow_in_place %d must be 0 (off) or 1 (on)", cfg->grow_in_place);
+  if (cfg->order_by_event != 0 && cfg->order_by_event != 1)
+    return create_fail(NULL, VMM_ERR_INVALID_ARGUMENT, "order_by_event %d must be 0 (completed) or 1 (event)",
+                       cfg->order_by_event);
   if (cfg->unmap_in_background != 0 && cfg->unmap_in_background != 1)
     return create_fail(NULL, VMM_ERR_INVALID_ARGUMENT, "unmap_in_background %d must be 0 (inline) or 1 (background)",
                        cfg->unmap_in_background);

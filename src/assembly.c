@@ -403,7 +403,7 @@ typedef struct assembly {
 /* Plans req (a resume when `resume`: nothing is taken apart early) into *p, ordered by *order. */
 static vmm_status plan_make(vmm_arena *a, const vmm_request *req, bool resume, bool padded, vmm_reuse_ctx *order,
                             plan *p) {
-  *order = (vmm_reuse_ctx){a, req->stream, -1};
+  *order = vmm_reuse_on(a, req->stream, req->last_resort);
   p->order = resume ? NULL : order;
   p->pool = req->pool;
   p->early_shared = a->cfg.caching && !a->captures_underway && !resume && req->pool == VMM_POOL_SHARED;
@@ -432,6 +432,16 @@ bool vmm_refill_wanted(vmm_arena *a, const vmm_request *req) {
   free(p.use);
   free(p.apart);
   return several;
+}
+
+bool vmm_assembly_needs_new(vmm_arena *a, const vmm_request *req) {
+  plan p = {0};
+  vmm_reuse_ctx order;
+  bool needs = plan_make(a, req, false, false, &order, &p) != VMM_OK || p.fresh > 0;
+  plan_undo(a, &p); /* the dry run leaves the store as it was */
+  free(p.use);
+  free(p.apart);
+  return needs;
 }
 
 static vmm_status plan_step(vmm_arena *a, assembly *x) {

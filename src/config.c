@@ -215,6 +215,12 @@ static vmm_status set_unmap(const char *env, const char *value, int *out) {
   return usage(env, value, "expected background or inline");
 }
 
+static vmm_status set_stream_order(const char *env, const char *value, int *out) {
+  if (!strcasecmp(value, "completed")) return *out = 0, VMM_OK;
+  if (!strcasecmp(value, "event")) return *out = 1, VMM_OK;
+  return usage(env, value, "expected completed or event");
+}
+
 /* "off" or "0" (synchronous copies), or a size of at least 1 MiB and at most 4 GiB, with
  * ",keep" to keep the staging while nothing is paused. */
 static vmm_status set_staging(const char *env, const char *value, size_t *out) {
@@ -251,6 +257,7 @@ static const struct setting {
     {"VMMARENA_REFILL", "refill", 13},
     {"VMMARENA_UNMAP", "unmap", 14},
     {"VMMARENA_GROW", "grow", 15},
+    {"VMMARENA_STREAM_ORDER", "stream_order", 16},
 };
 
 static vmm_status apply(const struct setting *s, const char *value, vmm_config *cfg) {
@@ -280,6 +287,7 @@ static vmm_status apply(const struct setting *s, const char *value, vmm_config *
   case 13: return set_refill(s->env, value, cfg);
   case 14: return set_unmap(s->env, value, &cfg->unmap_in_background);
   case 15: return set_switch(s->env, value, &cfg->grow_in_place);
+  case 16: return set_stream_order(s->env, value, &cfg->order_by_event);
   }
   return VMM_ERR_INVALID_ARGUMENT;
 }

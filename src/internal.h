@@ -663,19 +663,24 @@ VMM_INTERNAL size_t vmm_page_slot_size(size_t granularity, size_t bytes);
 /* A free slot of a page of `k`: *out its address. VMM_STATUS_COUNT when no page of `k` has one
  * (the caller carves one: the set and a record for it are ready); VMM_ERR_OUT_OF_MEMORY
  * (recorded) when the host has no memory for them. Slots that waited for other streams are
- * given back first (the page's stream waits for their events). */
+ * given back first, where those streams' events are complete (or, under
+ * VMMARENA_STREAM_ORDER=event, once the page's stream waits for them). */
 VMM_INTERNAL vmm_status vmm_pages_take(vmm_arena *a, const vmm_page_key *k, CUdeviceptr *out);
 /* Cuts live mapping m (one granule) into slots of k->slot_size for `k`, with the record that
  * vmm_pages_take readied (or vmm_pages_uncarve left): it cannot fail. */
 VMM_INTERNAL void vmm_pages_carve(vmm_arena *a, vmm_mapping *m, const vmm_page_key *k);
 /* The page and slot of a taken slot starting at ptr, or NULL. */
 VMM_INTERNAL vmm_page *vmm_pages_slot_of(const vmm_arena *a, CUdeviceptr ptr, uint32_t *slot);
-/* Frees a slot: at once, or, where other streams were added to it, once the page's stream
- * waits for them (events recorded now; no host wait). Returns true if the page is now empty. */
+/* Frees a slot: at once, or, where other streams were added to it, once their events recorded
+ * now are complete (see vmm_pages_take). Returns true if the page is now empty. */
 VMM_INTERNAL bool vmm_pages_give_back(vmm_arena *a, vmm_page *pg, uint32_t slot);
 /* Adds `stream` to a taken slot's streams; -1 on host out-of-memory, nothing changed. */
 VMM_INTERNAL int vmm_pages_add_use(vmm_page *pg, uint32_t slot, CUstream stream);
-/* Gives back every waiting slot whose page's stream can wait for its event now. */
+/* The last resort before a refusal: the page's stream of `k` waits for the events of its
+ * waiting slots, which are given back. True if any was. */
+VMM_INTERNAL bool vmm_pages_order_waits(vmm_arena *a, const vmm_page_key *k);
+/* Gives back every waiting slot whose events are complete (or, under
+ * VMMARENA_STREAM_ORDER=event, whose page's stream can wait for them now). */
 VMM_INTERNAL void vmm_pages_settle(vmm_arena *a);
 /* A live page whose slots are all free (left so by a wait given back), or NULL. */
 VMM_INTERNAL vmm_mapping *vmm_pages_find_empty(const vmm_arena *a);
@@ -708,9 +713,14 @@ typedef struct vmm_reuse_ctx {
   vmm_arena *a;
   CUstream stream;
   int capturing; /* -1 unknown */
+  bool by_event; /* the stream may be made to wait for an event recorded after a free */
 } vmm_reuse_ctx;
+/* The reuse context of a request on `stream`. Orders by event outside whole-process mode, under
+ * VMMARENA_STREAM_ORDER=event, or as the `last_resort` of whole-process mode. */
+VMM_INTERNAL vmm_reuse_ctx vmm_reuse_on(vmm_arena *a, CUstream stream, bool last_resort);
 /* vmm_pool_usable_fn: a pooled mapping may go to ctx->stream if it was freed there, if a
- * quiesce passed since, or if the stream can be ordered after the freeing stream's work. */
+ * quiesce passed since, if the work of its free on every other stream is known complete
+ * (cuEventQuery), or, where ctx->by_event, if the stream can be ordered after that work. */
 VMM_INTERNAL bool vmm_usable_on_stream(void *ctx, vmm_mapping *m);
 /* True if m's freeing stream could be waited for now (not capturing), or need not be. */
 VMM_INTERNAL bool vmm_can_wait_for_free(vmm_arena *a, const vmm_mapping *m);
@@ -738,6 +748,8 @@ VMM_INTERNAL CUevent vmm_event_get(vmm_arena *a);
 VMM_INTERNAL void vmm_event_put(vmm_arena *a, CUevent e);
 /* Records e on `stream` (not capturing): true on success. */
 VMM_INTERNAL bool vmm_event_record(vmm_arena *a, CUevent e, CUstream stream);
+/* Whether e is known complete (cuEventQuery answered success). */
+VMM_INTERNAL bool vmm_event_complete(vmm_arena *a, CUevent e);
 /* Makes `stream` wait for e: true on success. */
 VMM_INTERNAL bool vmm_stream_wait_event(vmm_arena *a, CUstream stream, CUevent e);
 /* While a capture is underway (vmm_arena_capture_begin), sets this thread's capture mode to
@@ -792,6 +804,7 @@ typedef struct vmm_request { /* a request for memory: what vmm_arena_alloc_in wa
   uint32_t tag;
   vmm_pool_id pool;
   bool exact; /* a page's mapping: exactly `rounded` bytes (its slots are found by granule) */
+  bool last_resort; /* whole-process mode: may be ordered after incomplete frees by events */
 } vmm_request;
 
 typedef enum vmm_assembly_mode {
@@ -808,6 +821,9 @@ typedef enum vmm_assembly_mode {
  * so one new handle costs a fraction of a stitched range; below the mark it raises no peak, and
  * within the live bytes' F it holds at most F of what the program needed. The plan is a dry run:
  * the store is left as it was. */
+/* Whether req's assembly would create new memory: a dry run of its plan (the store is left as
+ * it was). */
+VMM_INTERNAL bool vmm_assembly_needs_new(vmm_arena *a, const vmm_request *req);
 VMM_INTERNAL bool vmm_refill_wanted(vmm_arena *a, const vmm_request *req);
 
 /* Builds a live mapping of at least req->rounded bytes in a fresh range, or, with `into` (a

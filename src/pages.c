@@ -128,11 +128,13 @@ static bool still_waits(const vmm_page_set *s, const vmm_page *pg, uint32_t slot
   return false;
 }
 
-/* Gives back the waiting slots once the page's stream waits for an event of every other
- * stream that used them; none while the page's stream captures (its graph would wait on
- * outside work). */
-static void release_waits(vmm_arena *a, vmm_page_set *s) {
-  if (vmm_stream_capturing(a, s->key.stream)) return;
+/* Gives back the waiting slots once the event of every other stream that used them is known
+ * complete (cuEventQuery); `by_event`: once the page's stream waits for those events, none
+ * while the page's stream captures (its graph would wait on outside work). Returns how many
+ * waits went. */
+static size_t release_waits(vmm_arena *a, vmm_page_set *s, bool by_event) {
+  size_t released = 0;
+  if (by_event && vmm_stream_capturing(a, s->key.stream)) return 0;
   for (vmm_slot_wait **link = &s->waits; *link;) {
     vmm_slot_wait *w = *link;
     if (!w->event && !vmm_stream_capturing(a, w->stream) && (w->event = vmm_event_get(a)) &&
@@ -140,15 +142,18 @@ static void release_waits(vmm_arena *a, vmm_page_set *s) {
       vmm_event_put(a, w->event);
       w->event = NULL;
     }
-    if (!w->event || !vmm_stream_wait_event(a, s->key.stream, w->event)) {
+    if (!w->event ||
+        !(by_event ? vmm_stream_wait_event(a, s->key.stream, w->event) : vmm_event_complete(a, w->event))) {
       link = &w->next;
       continue;
     }
+    released++;
     *link = w->next;
     if (!still_waits(s, w->page, w->slot)) release_slot(a, w->page, w->slot);
     vmm_event_put(a, w->event);
     free(w);
   }
+  return released;
 }
 
 static size_t record_words(const vmm_arena *a) { return (a->granularity / SLOT_MIN + 63) / 64; }
@@ -167,7 +172,7 @@ static vmm_status reserve_record(vmm_arena *a) {
 vmm_status vmm_pages_take(vmm_arena *a, const vmm_page_key *k, CUdeviceptr *out) {
   vmm_page_set *s = set_of(&a->pages, k);
   if (!s) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for a page set");
-  if (s->waits) release_waits(a, s);
+  if (s->waits) release_waits(a, s, a->cfg.order_by_event);
   vmm_page *pg = s->partial;
   while (pg && pg->m->state != VMM_MAP_LIVE) pg = pg->next; /* a paused page holds no memory */
   if (!pg) return reserve_record(a); /* no live page with a free slot: the caller carves one */
@@ -176,6 +181,11 @@ vmm_status vmm_pages_take(vmm_arena *a, const vmm_page_key *k, CUdeviceptr *out)
   count_slot(a, pg, +1);
   *out = pg->m->base + (CUdeviceptr)slot * k->slot_size;
   return VMM_OK;
+}
+
+bool vmm_pages_order_waits(vmm_arena *a, const vmm_page_key *k) {
+  vmm_page_set *s = set_of(&a->pages, k);
+  return s && s->waits && release_waits(a, s, true);
 }
 
 void vmm_pages_carve(vmm_arena *a, vmm_mapping *m, const vmm_page_key *k) {
@@ -249,7 +259,7 @@ bool vmm_pages_give_back(vmm_arena *a, vmm_page *pg, uint32_t slot) {
 
 void vmm_pages_settle(vmm_arena *a) {
   for (size_t i = 0; i < a->pages.cap; i++)
-    if (a->pages.slots[i] && a->pages.slots[i]->waits) release_waits(a, a->pages.slots[i]);
+    if (a->pages.slots[i] && a->pages.slots[i]->waits) release_waits(a, a->pages.slots[i], a->cfg.order_by_event);
 }
 
 vmm_mapping *vmm_pages_find_empty(const vmm_arena *a) {

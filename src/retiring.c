@@ -141,7 +141,7 @@ static void mark_run(const vmm_retiring_range *x, run u, bool taken) {
  * mappings, each once, into givers[] (room for the run's handle count) and their count into *n. */
 static bool find_givers(vmm_arena *a, const vmm_retiring_range *x, run u, const vmm_request *req,
                         vmm_mapping **givers, uint32_t *count) {
-  vmm_reuse_ctx c = {a, req->stream, -1};
+  vmm_reuse_ctx c = vmm_reuse_on(a, req->stream, req->last_resort);
   uint32_t n = 0;
   bool ready = true;
   mark_run(x, u, true);

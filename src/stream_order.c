@@ -57,9 +57,26 @@ static bool order_after(vmm_reuse_ctx *c, CUstream s) {
   return true;
 }
 
+vmm_reuse_ctx vmm_reuse_on(vmm_arena *a, CUstream stream, bool last_resort) {
+  return (vmm_reuse_ctx){a, stream, -1, !a->cfg.caching || a->cfg.order_by_event || last_resort};
+}
+
+static bool stream_done(vmm_arena *a, CUstream s, uint64_t seq);
+
+/* Whether every stream that freed or used m is c->stream or has done the work of m's free. */
+static bool done_for_stream(vmm_reuse_ctx *c, const vmm_mapping *m) {
+  vmm_arena *a = c->a;
+  bool queryable = a->drv->version >= 3 && a->drv->event_query;
+  if (m->stream != c->stream && !(queryable && stream_done(a, m->stream, m->free_seq))) return false;
+  for (uint32_t i = 0; i < m->use_count; i++)
+    if (m->uses[i] != c->stream && !(queryable && stream_done(a, m->uses[i], m->free_seq))) return false;
+  return true;
+}
+
 bool vmm_usable_on_stream(void *arg, vmm_mapping *m) {
   vmm_reuse_ctx *c = arg;
   if (m->free_epoch < c->a->epoch) return true;
+  if (!c->by_event) return done_for_stream(c, m);
   if (!order_after(c, m->stream)) return false;
   for (uint32_t i = 0; i < m->use_count; i++)
     if (!order_after(c, m->uses[i])) return false;
@@ -153,16 +170,17 @@ static vmm_fence *fence_of(vmm_arena *a, CUstream s) {
   return &a->fences[a->fence_count++];
 }
 
-/* Whether the frees on `s` numbered at most `seq` are known complete. */
+/* Whether the frees on `s` numbered at most `seq` are known complete. Where none is pending, a
+ * fence is recorded on `s` (not while it captures) and asked about at once. */
 static bool stream_done(vmm_arena *a, CUstream s, uint64_t seq) {
   vmm_fence *f = fence_of(a, s);
   if (!f) return false;
-  if (f->recorded && VMM_DRV(a, event_query, f->event) == CUDA_SUCCESS) f->completed = f->recorded, f->recorded = 0;
   if (f->completed >= seq) return true;
   if (!f->recorded && !vmm_stream_capturing(a, s) && (f->event || (f->event = vmm_event_get(a))) &&
       vmm_event_record(a, f->event, s))
     f->recorded = a->free_seq;
-  return false;
+  if (f->recorded && VMM_DRV(a, event_query, f->event) == CUDA_SUCCESS) f->completed = f->recorded, f->recorded = 0;
+  return f->completed >= seq;
 }
 
 bool vmm_work_complete(vmm_arena *a, const vmm_free_work *w) {
@@ -205,6 +223,10 @@ bool vmm_event_record(vmm_arena *a, CUevent e, CUstream stream) {
   vmm_fail_driver(a, r, VMM_DRV_event_record, "recording an event on stream %p after a slot it used was freed",
                   (void *)stream);
   return false;
+}
+
+bool vmm_event_complete(vmm_arena *a, CUevent e) {
+  return a->drv->version >= 3 && a->drv->event_query && VMM_DRV(a, event_query, e) == CUDA_SUCCESS;
 }
 
 bool vmm_stream_wait_event(vmm_arena *a, CUstream stream, CUevent e) {

@@ -39,6 +39,15 @@ static vmm_arena *process_arena_bound(size_t limit, vmm_retain_mode retain, size
 
 static vmm_arena *process_arena(size_t limit, vmm_retain_mode retain) { return process_arena_bound(limit, retain, 0); }
 
+/* VMMARENA_STREAM_ORDER=event: memory freed on another stream serves at once, the request's
+ * stream made to wait for an event recorded after the free. */
+static vmm_arena *event_ordered_arena(size_t handle_bound) {
+  vmm_config c = process_config();
+  c.handle_bound_bytes = handle_bound;
+  c.order_by_event = 1;
+  return tu_arena(NULL, &c);
+}
+
 /* One handle per new request of up to 64 MiB: no handle boundary inside, so no prefix hit. */
 static vmm_arena *whole_handles_arena(void) { return process_arena_bound(0, VMM_RETAIN_AUTO, 64 * MiB); }
 
@@ -217,7 +226,7 @@ static void exact_hit_outside_a_scope(void **state) {
 
 static void cross_stream_hit_waits_on_an_event(void **state) {
   (void)state;
-  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  vmm_arena *a = event_ordered_arena(0);
   void *p = alloc_in(a, 4 * MiB, T, S1, 0);
   tu_free(a, p, S1);
   size_t from = fake_call_count();
@@ -248,7 +257,7 @@ static size_t mapping_calls_since(size_t from) {
  * another. */
 static void prefix_hit_in_place_and_merged_back(void **state) {
   (void)state;
-  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  vmm_arena *a = event_ordered_arena(0);
   void *x = alloc_in(a, 8 * MiB, T, S1, 0);
   tu_free(a, x, S1);
   size_t from = fake_call_count();
@@ -321,7 +330,7 @@ static void run_hit_in_place_between_two_pooled_parts(void **state) {
  * tail begins: here that mapping gave its own tail away meanwhile. */
 static void a_tail_joins_only_the_mapping_it_still_follows(void **state) {
   (void)state;
-  vmm_arena *a = whole_handles_arena();
+  vmm_arena *a = event_ordered_arena(64 * MiB);
   void *p[4];
   const size_t mib[4] = {8, 6, 4, 2};
   for (int i = 0; i < 4; i++) p[i] = alloc_in(a, mib[i] * MiB, T, S1, 0);
@@ -517,7 +526,7 @@ static void a_retired_range_serves_again(void **state) {
  * gives nothing: a run of its handles serves in place instead, ordered the same way. */
 static void a_retired_range_keeps_stream_order(void **state) {
   (void)state;
-  vmm_arena *a = whole_handles_arena();
+  vmm_arena *a = event_ordered_arena(64 * MiB);
   void *x, *y;
   two_freed(a, &x, &y);
   void *z = alloc_in(a, 10 * MiB, T, S1, 0);
@@ -558,7 +567,7 @@ static void a_retired_range_keeps_stream_order(void **state) {
  * idle handle serves any stream with no ordering). */
 static void early_take_apart_leaves_the_rest_pooled(void **state) {
   (void)state;
-  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO); /* first requests cut into 2 MiB handles */
+  vmm_arena *a = event_ordered_arena(0); /* first requests cut into 2 MiB handles */
   void *big = alloc_in(a, 6 * MiB, T, S1, 0), *small = alloc_in(a, 4 * MiB, T, S1, 0);
   tu_free(a, big, S1);
   tu_free(a, small, S1);
@@ -875,7 +884,7 @@ static void pause_unmaps_the_retired_ranges_of_its_handles(void **state) {
  * work by an event, with no host wait. Inside a capture nothing is taken early: new memory. */
 static void early_take_apart_orders_the_stream_and_never_in_a_capture(void **state) {
   (void)state;
-  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  vmm_arena *a = event_ordered_arena(0);
   void *x = alloc_in(a, 8 * MiB, T, S1, 0);
   tu_free(a, x, S1);
   fake_set_events_pending(1);
@@ -1065,7 +1074,7 @@ static void refill_counts_the_request_as_live(void **state) {
 
 static void record_stream_orders_reuse_of_a_mapping(void **state) {
   (void)state;
-  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  vmm_arena *a = event_ordered_arena(0);
   void *p = alloc_in(a, 4 * MiB, T, S1, 0);
   assert_int_equal(vmm_arena_record_stream(a, p, S2), VMM_OK);
   assert_int_equal(vmm_arena_record_stream(a, p, S2), VMM_OK); /* twice: once */
@@ -1085,7 +1094,7 @@ static void record_stream_orders_reuse_of_a_mapping(void **state) {
 
 static void record_stream_orders_reuse_of_a_slot(void **state) {
   (void)state;
-  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  vmm_arena *a = event_ordered_arena(0);
   char *x = alloc_in(a, 512, T, S1, 0);
   char *keep = alloc_in(a, 512, T, S1, 0);
   assert_int_equal(vmm_arena_record_stream(a, x, S2), VMM_OK);
@@ -1891,7 +1900,7 @@ static void countdown_over_whole_process_paths(void **state) {
  * that nothing but the piece's own work orders S2's kernel before the unmap. */
 static void split_off_piece_keeps_record_stream_uses(void **state) {
   (void)state;
-  vmm_arena *a = process_arena_bound(0, VMM_RETAIN_AUTO, 2 * MiB);
+  vmm_arena *a = event_ordered_arena(2 * MiB);
   void *six = tu_alloc(a, 6 * MiB, T, S1);
   void *four = tu_alloc(a, 4 * MiB, T, S1);
   tu_use(four, S2); /* read through four's own range on S2 */
