@@ -351,20 +351,24 @@ class ShimEntryPoints(Base):
         waits = calls("cuStreamWaitEvent")
         self.assertEqual(take(4 * MiB), ptr)
         self.assertEqual(calls("cuStreamWaitEvent"), waits)
-        # ... with it the reuse waits for stream B's work.
+        # ... with it the reuse is asked of stream B's work (queried; no stream made to wait).
         self.assertEqual(shim.vmm_torch_record_stream(ptr, B, msg, len(msg)), _lib.VMM_OK, msg.value)
         free(ptr)
+        queries = calls("cuEventQuery")
         self.assertEqual(take(4 * MiB), ptr)
-        self.assertGreater(calls("cuStreamWaitEvent"), waits, "the reuse did not wait for the recorded stream")
+        self.assertGreater(calls("cuEventQuery"), queries, "the reuse did not ask whether the recorded stream was done")
+        self.assertEqual(calls("cuStreamWaitEvent"), waits, "a stream was made to wait for the recorded stream")
         free(ptr)
 
-    def test_reuse_on_another_stream_waits_for_an_event(self):
+    def test_reuse_on_another_stream_once_its_free_completed(self):
         ptr = take(4 * MiB, stream=A)
         free(ptr, stream=A)
         before = snap()
-        self.assertEqual(take(4 * MiB, stream=B), ptr)
+        self.assertEqual(take(4 * MiB, stream=B), ptr)  # the fake device has run A's work
         after = snap()
-        self.assertGreater(calls("cuStreamWaitEvent", after), calls("cuStreamWaitEvent", before))
+        self.assertGreater(calls("cuEventQuery", after), calls("cuEventQuery", before))
+        self.assertEqual(calls("cuStreamWaitEvent", after), calls("cuStreamWaitEvent", before),
+                         "stream B was made to wait for A's work")
         self.assertEqual(syncs(after), syncs(before), "the host waited on the allocation path")
         free(ptr, stream=B)
 
