@@ -63,6 +63,10 @@ def served(tensor, what):
     return m
 
 
+def stream_waits():
+    return vmmarena.snapshot(DEV)["driver"].get("cuStreamWaitEvent", {}).get("calls", 0)
+
+
 def usage():
     return vmmarena._lib.usage(DEV)
 
@@ -384,6 +388,46 @@ def test_mempool_memory_is_kept_apart():
     del eager, later
 
 
+def test_record_stream_leaves_the_other_streams_work_unwaited():
+    """A tensor used on stream S (a kernel still sleeping there) and freed with record_stream(S)
+    is not handed to a request on the current stream, and that stream is not made to wait for
+    S: a kernel queued on it after the request finishes while S still sleeps. Once S is done,
+    the memory comes back."""
+    n = 32 * MiB
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    x = torch.ones(n, dtype=torch.uint8, device="cuda")
+    served(x, "the tensor used on the side stream")
+    x_ptr = x.data_ptr()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(int(2e9))  # about a second on an H100
+        x.add_(1)
+    x.record_stream(side)
+    del x
+    check(not side.query(), "the side stream finished before the request: nothing to test")
+    waits = stream_waits()
+    y = torch.empty(n, dtype=torch.uint8, device="cuda")
+    check(y.data_ptr() != x_ptr, "memory still used on the side stream was handed to the current stream")
+    y.fill_(7)
+    done = torch.cuda.Event()
+    done.record()
+    deadline = time.time() + 0.5
+    while not done.query() and time.time() < deadline:
+        time.sleep(0.001)
+    check(done.query(), "the current stream's work waited for the side stream's (record_stream made it wait)")
+    check(not side.query(), "the side stream finished within 0.5 s: the check above proves nothing")
+    side.synchronize()
+    del y
+    z = torch.empty(n, dtype=torch.uint8, device="cuda")
+    served(z, "the request after the side stream finished")
+    later = stream_waits()
+    check(later == waits, f"the requests made {later - waits} stream wait(s) (cuStreamWaitEvent)")
+    print(f"  the current stream ran on while the side stream slept; reuse after it finished: "
+          f"{'same address' if z.data_ptr() == x_ptr else 'other cached memory'}")
+    del z
+
+
 def _fd_count():
     return len(os.listdir("/proc/self/fd"))
 
@@ -430,7 +474,7 @@ def test_a_tensor_is_shared_with_a_child_process_under_vmmarena():
         check(got[3] is None and got[1] == float(y.double().sum()), f"stitched: child read {got}")
         del y, ys
         torch.cuda.synchronize()
-        print(f"  a child under vmmarena read 4 shared tensors, checksums equal")
+        print("  a child under vmmarena read 4 shared tensors, checksums equal")
     finally:
         _ipc_stop(child, inbox, outbox)
 
@@ -546,6 +590,7 @@ TESTS = [
     test_out_of_memory_is_pytorchs_and_the_program_carries_on,
     test_out_of_memory_observers_are_called,
     test_mempool_memory_is_kept_apart,
+    test_record_stream_leaves_the_other_streams_work_unwaited,
     test_a_tensor_is_shared_with_a_child_process_under_vmmarena,
     test_thousands_of_shares_leave_the_descriptor_count,
     test_a_forged_or_stale_handle_is_refused_clearly,
