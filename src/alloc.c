@@ -112,7 +112,7 @@ vmm_status vmm_arena_free(vmm_arena *a, void *ptr, CUstream stream) {
   uint32_t slot;
   vmm_page *pg = ptr ? vmm_pages_slot_of(a, base, &slot) : NULL;
   vmm_mapping *m = pg ? pg->m : vmm_table_find(&a->table, base);
-  bool whole = !pg && m && !m->page && (m->state == VMM_MAP_LIVE || m->state == VMM_MAP_PAUSED), freed = false;
+  bool whole = !pg && m && !m->page && vmm_mapping_allocated(m), freed = false;
   size_t size = pg ? pg->set->key.slot_size : whole ? m->extent : 0;
   int kind = pg || whole ? (int)m->kind : -1;
   uint32_t tag = pg || whole ? m->tag : 0;
@@ -142,7 +142,7 @@ vmm_status vmm_arena_record_stream(vmm_arena *a, void *ptr, CUstream stream) {
   vmm_page *pg = ptr ? vmm_pages_slot_of(a, base, &slot) : NULL;
   vmm_mapping *m = pg ? NULL : vmm_table_find(&a->table, base);
   vmm_status st = VMM_OK;
-  if (!pg && !(m && !m->page && (m->state == VMM_MAP_LIVE || m->state == VMM_MAP_PAUSED)))
+  if (!pg && !(m && !m->page && vmm_mapping_allocated(m)))
     st = vmm_fail(a, VMM_ERR_UNKNOWN_POINTER, "record_stream(0x%llx, stream %p): not a live allocation of device %d",
                   (unsigned long long)base, (void *)stream, a->cfg.device);
   else if (pg ? vmm_pages_add_use(pg, slot, stream) : vmm_mapping_add_use(m, stream))

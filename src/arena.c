@@ -286,7 +286,8 @@ vmm_status vmm_refuse_pointer(vmm_arena *a, CUdeviceptr p, vmm_mapping *m) {
   char b[32];
   if (m && !m->page)
     return vmm_fail(a, VMM_ERR_UNKNOWN_POINTER, "free(0x%llx): %s %s allocation of %zu bytes is %s", (unsigned long long)p,
-                    vmm_fmt_bytes(m->extent, b), vmm_kind_name(m->kind), m->requested, state_name(m->state));
+                    vmm_fmt_bytes(m->extent, b), vmm_kind_name(m->kind), m->requested,
+                    m->kept ? "already freed (paused; its graph's pool keeps the range)" : state_name(m->state));
   vmm_mapping *c = m ? m : vmm_table_containing(&a->table, p);
   if (c && c->page)
     return vmm_fail(a, VMM_ERR_UNKNOWN_POINTER,
@@ -357,8 +358,23 @@ static vmm_status free_live(vmm_arena *a, vmm_mapping *m, CUstream stream, bool 
   return free_now(a, m, stream, freed);
 }
 
+/* Memory allocated into a graph's pool stays the pool's while the graph lives (SPEC, "CUDA
+ * graphs"): the graph replays into it even after the allocation is freed. */
+static bool graph_keeps(const vmm_arena *a, const vmm_mapping *m) {
+  return a->cfg.caching && m->pool != VMM_POOL_SHARED && !vmm_id_set_has(&a->released_pools, m->pool);
+}
+
 vmm_status vmm_free_mapping(vmm_arena *a, vmm_mapping *m, CUstream stream, bool *freed) {
   *freed = false;
+  if (m->state == VMM_MAP_PAUSED && graph_keeps(a, m)) {
+    if (m->handle_count) { /* mapped again by a resume whose copy failed: pooled as it is */
+      vmm_mapping_resume(a, m);
+      return vmm_free_mapping(a, m, stream, freed);
+    }
+    vmm_mapping_keep(m); /* its range stays the pool's, unbacked, until resume or release_pool */
+    *freed = true;
+    return VMM_OK;
+  }
   if (m->state == VMM_MAP_PAUSED) {
     vmm_status st = vmm_mapping_free_paused(a, m, vmm_caching(a));
     *freed = st == VMM_OK;
@@ -369,6 +385,12 @@ vmm_status vmm_free_mapping(vmm_arena *a, vmm_mapping *m, CUstream stream, bool 
   vmm_status st = free_live(a, m, stream, freed);
   if (*freed) vmm_tag_account(a, tag, extent, -1);
   return st;
+}
+
+vmm_status vmm_pool_kept(vmm_arena *a, vmm_mapping *m) {
+  bool freed;
+  m->kept = false;
+  return vmm_free_mapping(a, m, m->stream, &freed);
 }
 
 vmm_status vmm_arena_quiesce(vmm_arena *a) {

@@ -24,6 +24,21 @@ static void share_pooled(vmm_arena *a, vmm_pool_id pool) {
       if (m->pool == pool) m->pool = VMM_POOL_SHARED;
 }
 
+/* The ranges the pool kept of allocations freed while paused go back (nothing is mapped there). */
+static vmm_status free_kept(vmm_arena *a, vmm_pool_id pool) {
+  vmm_status st = VMM_OK;
+  for (bool again = true; again && st == VMM_OK;) {
+    again = false;
+    vmm_mapping *m;
+    vmm_table_foreach(&a->table, i, m) if (m->kept && m->pool == pool) {
+      st = vmm_mapping_free_paused(a, m, vmm_caching(a)); /* changes the table: look again */
+      again = true;
+      break;
+    }
+  }
+  return st;
+}
+
 vmm_status vmm_arena_release_pool(vmm_arena *a, vmm_pool_id pool) {
   if (!a) return VMM_ERR_INVALID_ARGUMENT;
   pthread_mutex_lock(&a->lock);
@@ -36,7 +51,7 @@ vmm_status vmm_arena_release_pool(vmm_arena *a, vmm_pool_id pool) {
     st = vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "release_pool(%llu): host out of memory; the pool stays",
                   (unsigned long long)pool);
   else
-    share_pooled(a, pool), vmm_retiring_release_pool(a, pool);
+    share_pooled(a, pool), vmm_retiring_release_pool(a, pool), st = free_kept(a, pool);
   vmm_trace_arena_op(a, VMM_TRACE_RELEASE_POOL, -1, 0, 0, 0, NULL, 0, pool, st);
   vmm_ctx_leave(a);
   pthread_mutex_unlock(&a->lock);

@@ -33,8 +33,7 @@ static int check_mapping(const vmm_arena *a, const vmm_mapping *m, recount *c, c
   if (m->page) {
     c->pages++;
     if (vmm_pages_check(a, m, &c->slot_bytes, why, cap)) return -1;
-  } else if (m->state == VMM_MAP_LIVE || m->state == VMM_MAP_PAUSED || m->state == VMM_MAP_FREEING ||
-             m->state == VMM_MAP_MOVING) {
+  } else if (vmm_mapping_allocated(m) || m->state == VMM_MAP_FREEING || m->state == VMM_MAP_MOVING) {
     c->allocated += m->extent, c->allocations++;
   }
   vmm_kind_stats *ks = &c->kind[m->kind];

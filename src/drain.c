@@ -1,7 +1,8 @@
 /* Draining the store: the memory cached in the pool and the idle tier given back to the
  * driver, by vmm_retention_finish, vmm_arena_empty_cache and a request that finds new memory
- * refused in whole-process mode. First the pool's streams are waited for (touching nothing),
- * then the ranges retiring are unmapped once their streams are waited for, then the pool is
+ * refused in whole-process mode. First the frees a capture deferred, once it is over, join the
+ * pool (or are unmapped after a wait, where frees do not pool), then the pool's streams are
+ * waited for (touching nothing more), then the ranges retiring are unmapped once their streams are waited for, then the pool is
  * drained by one stated order through one operation (pop, then unmap), then the idle handles
  * are released. The pooled memory of a graph's pool stays until PyTorch releases the pool:
  * the graph's replays use it. A failure stops where it is; a later call resumes. */
@@ -48,9 +49,9 @@ vmm_status vmm_drain_pool(vmm_arena *a, const char *what) {
 
 vmm_status vmm_drain_all(vmm_arena *a, const char *what) {
   vmm_status st;
-  if ((st = vmm_drain_wait(a, what)) != VMM_OK) return st; /* nothing touched */
+  vmm_process_deferred(a); /* before the wait: the pool's streams then include theirs */
+  if ((st = vmm_drain_wait(a, what)) != VMM_OK) return st; /* nothing more touched */
   if ((st = vmm_retiring_drain(a, what)) != VMM_OK) return st;
-  vmm_process_deferred(a);
   if ((st = vmm_drain_pool(a, what)) != VMM_OK) return st;
   return vmm_drain_idle(a, what);
 }

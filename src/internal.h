@@ -147,6 +147,7 @@ typedef struct vmm_mapping {
                              with the one before it when both are pooled */
   CUdeviceptr before;     /* a tail: the base of the mapping it was split off after */
   void *backup;           /* host copy of a paused allocation's contents (VMM_PAUSE_BACKUP; backup.c) */
+  bool kept;              /* PAUSED and freed: its live graph pool keeps the range; resume pools it */
 } vmm_mapping;
 
 /* ---- Handles (handle.c) --------------------------------------------------------------- */
@@ -240,6 +241,13 @@ VMM_INTERNAL vmm_mapping *vmm_mapping_split_run(vmm_arena *a, vmm_mapping *m, ui
                                                 vmm_mapping **after);
 /* Frees a paused allocation: no driver call where it holds no memory; its range returns. */
 VMM_INTERNAL vmm_status vmm_mapping_free_paused(vmm_arena *a, vmm_mapping *m, bool retain);
+/* PAUSED m, unmapped, freed while its graph's pool lives: it becomes `kept` (no longer an
+ * allocation), its backup freed; it stays PAUSED under its tag so that resume maps it back. */
+VMM_INTERNAL void vmm_mapping_keep(vmm_mapping *m);
+/* Whether m is a live or paused allocation (a free or record_stream may name it). */
+static inline bool vmm_mapping_allocated(const vmm_mapping *m) {
+  return m->state == VMM_MAP_LIVE || (m->state == VMM_MAP_PAUSED && !m->kept);
+}
 /* Unmaps and releases everything of m, logging failures (destroy only). */
 VMM_INTERNAL void vmm_mapping_destroy(vmm_arena *a, vmm_mapping *m);
 
@@ -916,6 +924,9 @@ VMM_INTERNAL void vmm_copy_error_set(vmm_copy_error *e, CUresult r, vmm_driver_e
 VMM_INTERNAL vmm_status vmm_alloc_mapping(vmm_arena *a, const vmm_request *req, vmm_mapping **out);
 /* Frees a live or paused mapping (as vmm_arena_free says); *freed: it is no longer live. */
 VMM_INTERNAL vmm_status vmm_free_mapping(vmm_arena *a, vmm_mapping *m, CUstream stream, bool *freed);
+/* A kept mapping (vmm_mapping_keep) that resume made live again goes to its graph's pool,
+ * freed on its stream. */
+VMM_INTERNAL vmm_status vmm_pool_kept(vmm_arena *a, vmm_mapping *m);
 /* Frees the mapping of an empty page m (live or paused) on the page's stream. Where that fails
  * (an unmap refused: the error is returned) m stays an empty page, found again by a later
  * empty_cache, never a plain mapping that a slot's pointer could free. */

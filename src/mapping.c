@@ -375,6 +375,12 @@ vmm_status vmm_mapping_free_paused(vmm_arena *a, vmm_mapping *m, bool retain) {
   return st == VMM_OK ? vmm_mapping_dispose(a, m, retain, VMM_NO_STUCK) : st;
 }
 
+void vmm_mapping_keep(vmm_mapping *m) {
+  vmm_backup_free(m->backup, m->extent); /* a freed allocation's contents do not matter */
+  m->backup = NULL;
+  m->kept = true;
+}
+
 void vmm_mapping_destroy(vmm_arena *a, vmm_mapping *m) {
   if (m->handle_count) (void)vmm_mapping_unmap(a, m, "destroy"); /* a failure is logged; paused: nothing mapped */
   (void)vmm_mapping_drop_handles(a, m, false);

@@ -226,6 +226,7 @@ static vmm_status map_run(vmm_arena *a, call *c, size_t *resumed, uint64_t *byte
     } else {
       vmm_mapping_resume(a, m);
       (*resumed)++, *bytes += m->extent;
+      if (m->kept && (st = vmm_pool_kept(a, m)) != VMM_OK) return st; /* freed while paused: the graph's */
     }
   }
   *all = true;

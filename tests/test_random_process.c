@@ -20,7 +20,6 @@
 #define MAX_LIVE 256
 #define STEPS 10000
 #define DEFAULT_SEED 17ull /* takes every path in every configuration below */
-#define GRANULE (2 * MiB) /* the fake's */
 
 typedef struct live {
   CUdeviceptr at;
@@ -99,10 +98,11 @@ static void check_apart(const model *m, const live *x) {
 static bool capturing(const model *m, CUstream s) { return m->capture && s == TU_STREAM(1); }
 
 /* A kernel of x's owner on `s`. While s captures it joins the graph, and only for memory of the
- * capture's pool: a graph of this program uses no memory it does not own, which may be freed
- * while the graph lives. */
+ * capture's pool (whole mappings and slots): a graph of this program uses no memory it does not
+ * own, which may be freed while the graph lives. Memory of the capture's pool stays the pool's
+ * while the graph lives, however it is freed (paused too), so the graph replays into it. */
 static void kernel(model *m, const live *x, CUstream s) {
-  if (capturing(m, s) && (x->pool != m->capture || x->held < GRANULE)) return; /* slots: not yet (see the note) */
+  if (capturing(m, s) && x->pool != m->capture) return;
   assert_int_equal(fake_kernel(s, x->at, x->bytes, x->owner), 0);
   m->kernels++;
 }
