@@ -266,11 +266,17 @@ VMM_API vmm_status vmm_arena_alloc_in(vmm_arena *arena, size_t bytes, vmm_kind k
                                       void **out);
 /* Adds `stream` to the streams that use the allocation at `ptr` (a base, or a slot of a
  * page): once it is freed, its memory is reused only after the work queued on `stream` by then
- * (an event the reusing stream waits on; the host never waits). A stream that is the
- * allocation's own, or already added, is a no-op.
+ * is known complete (an event queried; or, as a last resort and under
+ * VMMARENA_STREAM_ORDER=event, an event the reusing stream waits on; the host never waits). A
+ * stream that is the allocation's own, or already added, is a no-op.
  *   VMM_ERR_UNKNOWN_POINTER   ptr is not a live or paused allocation; nothing changes;
  *   VMM_ERR_OUT_OF_MEMORY     no host memory to remember the stream; nothing changes. */
 VMM_API vmm_status vmm_arena_record_stream(vmm_arena *arena, void *ptr, CUstream stream);
+
+/* The bytes the live (or paused) allocation at `ptr` holds: its mapping's extent, or its slot's
+ * size for a slot of a page (PyTorch's block size, in the native allocator's statistics).
+ *   VMM_ERR_UNKNOWN_POINTER   ptr is not the base of a live allocation; *bytes unchanged. */
+VMM_API vmm_status vmm_arena_allocation_size(vmm_arena *arena, void *ptr, size_t *bytes);
 /* A capture into `pool` begins or ends (PyTorch's begin and end of allocating to a pool).
  * While a capture is underway, a free of shared-pool memory on a capturing stream waits for the
  * capture to end before its memory is reused (the graph may use it until then); otherwise a

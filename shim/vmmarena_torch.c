@@ -326,6 +326,12 @@ int vmm_torch_record_stream(void *ptr, CUstream stream, char *msg, size_t cap) {
   return VMM_ERR_UNKNOWN_POINTER;
 }
 
+int vmm_torch_allocation_size(void *ptr, int device, size_t *bytes) {
+  if (!device_valid(device) || !bytes) return VMM_ERR_INVALID_ARGUMENT;
+  vmm_arena *a = __atomic_load_n(&arenas[device], __ATOMIC_ACQUIRE);
+  return a ? vmm_arena_allocation_size(a, ptr, bytes) : VMM_ERR_UNKNOWN_POINTER;
+}
+
 int vmm_torch_capture_begin(int device, uint64_t pool) {
   if (!device_valid(device)) return VMM_ERR_INVALID_ARGUMENT;
   vmm_status st = VMM_OK;

@@ -110,6 +110,8 @@ VMM_TORCH_API int vmm_torch_process_free(void *ptr, int device, CUstream stream,
  * device order). NULL is a no-op. VMM_ERR_UNKNOWN_POINTER when no arena holds it; the message
  * goes to msg. */
 VMM_TORCH_API int vmm_torch_record_stream(void *ptr, CUstream stream, char *msg, size_t cap);
+/* The bytes the live allocation at ptr on `device` holds (vmm_arena_allocation_size). */
+VMM_TORCH_API int vmm_torch_allocation_size(void *ptr, int device, size_t *bytes);
 /* vmm_arena_capture_begin / vmm_arena_capture_end of `device`'s arena: a capture into `pool`
  * begins (the arena is created if it does not exist yet) or ends (VMM_OK with nothing to do
  * when the device has no arena). */

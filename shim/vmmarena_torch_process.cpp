@@ -316,7 +316,8 @@ constexpr size_t kSmallSize = size_t(1) << 20;  // PyTorch's small pool: request
 
 // An allocation of vmm_torch_native_alloc.
 struct Block {
-  size_t size;
+  size_t size;   // requested
+  size_t bytes;  // held: the slot's size or the mapping's extent
   CUstream stream;
   uint64_t pool;
 };
@@ -330,6 +331,7 @@ struct DeviceBlocks {
   std::unordered_map<void *, int> pinned;  // checkpoints listing each pointer
   vmm_torch_stat allocation[3]{};
   vmm_torch_stat requested[3]{};
+  vmm_torch_stat block_bytes[3]{};  // the bytes each allocation holds (slot size or extent)
   int64_t segment_peak[3]{};
   int64_t reserved_peak[3]{};  // small and large pool: the peaks of the split below ([0] unused)
   uint64_t ooms_base = 0, retries_base = 0;  // vmm_usage counters at the last reset
@@ -353,17 +355,19 @@ void stat_down(vmm_torch_stat &s, int64_t n) {
 }
 
 // An allocation begins or ends, in PyTorch's counts (caller holds d.lock).
-void count_alloc(DeviceBlocks &d, size_t size) {
-  for (int t : {0, pool_type(size)}) {
+void count_alloc(DeviceBlocks &d, const Block &b) {
+  for (int t : {0, pool_type(b.size)}) {
     stat_up(d.allocation[t], 1);
-    stat_up(d.requested[t], static_cast<int64_t>(size));
+    stat_up(d.requested[t], static_cast<int64_t>(b.size));
+    stat_up(d.block_bytes[t], static_cast<int64_t>(b.bytes));
   }
 }
 
-void count_free(DeviceBlocks &d, size_t size) {
-  for (int t : {0, pool_type(size)}) {
+void count_free(DeviceBlocks &d, const Block &b) {
+  for (int t : {0, pool_type(b.size)}) {
     stat_down(d.allocation[t], 1);
-    stat_down(d.requested[t], static_cast<int64_t>(size));
+    stat_down(d.requested[t], static_cast<int64_t>(b.size));
+    stat_down(d.block_bytes[t], static_cast<int64_t>(b.bytes));
   }
 }
 
@@ -375,6 +379,7 @@ void forget_blocks() {
     d.pinned.clear();
     std::memset(d.allocation, 0, sizeof d.allocation);
     std::memset(d.requested, 0, sizeof d.requested);
+    std::memset(d.block_bytes, 0, sizeof d.block_bytes);
     std::memset(d.segment_peak, 0, sizeof d.segment_peak);
     std::memset(d.reserved_peak, 0, sizeof d.reserved_peak);
     d.ooms_base = d.retries_base = 0;
@@ -498,8 +503,11 @@ int vmm_torch_native_alloc(size_t size, int device, CUstream stream, void **out,
   DeviceBlocks &d = blocks[device];
   try {
     std::lock_guard<std::mutex> hold(d.lock);
-    d.live.emplace(*out, Block{size, stream, pool});
-    count_alloc(d, size);
+    size_t bytes = size;
+    (void)vmm_torch_allocation_size(*out, device, &bytes);  // just handed out: it is live
+    const Block b{size, bytes, stream, pool};
+    d.live.emplace(*out, b);
+    count_alloc(d, b);
   } catch (const std::exception &) {  // no host memory to remember it: give it back
     (void)vmm_torch_process_free(*out, device, stream, nullptr, 0);
     *out = nullptr;
@@ -524,7 +532,7 @@ int vmm_torch_native_free(void *ptr, int *device, char *msg, size_t cap) {
       if (it == d.live.end()) continue;
       b = it->second;
       d.live.erase(it);
-      count_free(d, b.size);
+      count_free(d, b);
       if (device) *device = dev;
       if (d.pinned.count(ptr)) {  // a checkpoint lists it: kept for a restore
         d.held.emplace(ptr, b);
@@ -536,7 +544,7 @@ int vmm_torch_native_free(void *ptr, int *device, char *msg, size_t cap) {
     if (status != VMM_OK) {  // the arena keeps it live (a later free retries): so do we
       std::lock_guard<std::mutex> hold(d.lock);
       d.live.emplace(ptr, b);
-      count_alloc(d, b.size);
+      count_alloc(d, b);
     }
     return status;
   }
@@ -586,7 +594,7 @@ int vmm_torch_native_stats(int device, vmm_torch_device_stats *out) {
     out->requested_bytes[t] = d.requested[t];
     d.segment_peak[t] = std::max(d.segment_peak[t], segments[t]);
     out->segment[t] = vmm_torch_stat{segments[t], d.segment_peak[t], 0, 0};
-    out->allocated_bytes[t] = d.requested[t];
+    out->allocated_bytes[t] = d.block_bytes[t];
   }
   // The arena's own figures for "all": extents handed out, physical bytes held.
   out->allocated_bytes[0].current = static_cast<int64_t>(u.allocated_bytes);
@@ -625,6 +633,7 @@ int vmm_torch_native_reset_peaks(int device) {
   for (int t = 0; t < 3; t++) {
     d.allocation[t].peak = d.allocation[t].current;
     d.requested[t].peak = d.requested[t].current;
+    d.block_bytes[t].peak = d.block_bytes[t].current;
     d.segment_peak[t] = 0;  // the next query sets it to the current count
     d.reserved_peak[t] = 0;  // likewise
   }
@@ -641,6 +650,7 @@ int vmm_torch_native_reset_accumulated(int device) {
   for (int t = 0; t < 3; t++) {
     d.allocation[t].allocated = d.allocation[t].freed = 0;
     d.requested[t].allocated = d.requested[t].freed = 0;
+    d.block_bytes[t].allocated = d.block_bytes[t].freed = 0;
   }
   d.ooms_base = u.refusals;
   d.retries_base = u.cache_releases;
@@ -775,7 +785,7 @@ int vmm_torch_native_restore(vmm_torch_checkpoint *c, void **freed, size_t freed
       auto it = d.live.find(ptr);
       Block b = it->second;
       d.live.erase(it);
-      count_free(d, b.size);
+      count_free(d, b);
       if (d.pinned.count(ptr)) {
         d.held.emplace(ptr, b);
         d.held_bytes += static_cast<int64_t>(b.size);
@@ -789,7 +799,7 @@ int vmm_torch_native_restore(vmm_torch_checkpoint *c, void **freed, size_t freed
       auto it = d.held.find(entry.first);
       d.live.emplace(entry.first, it->second);
       d.held_bytes -= static_cast<int64_t>(it->second.size);
-      count_alloc(d, it->second.size);
+      count_alloc(d, it->second);
       d.held.erase(it);
     }
   }

@@ -110,7 +110,7 @@ typedef struct vmm_torch_device_stats {
   vmm_torch_stat segment[3];              /* mappings: current now, peak as seen by the queries */
   vmm_torch_stat active[3];               /* as allocation */
   vmm_torch_stat inactive_split[3];       /* 0: no split blocks */
-  vmm_torch_stat allocated_bytes[3];      /* all: the arena's extents handed out (vmm_usage); small/large: requested */
+  vmm_torch_stat allocated_bytes[3];      /* all: the arena's extents handed out (vmm_usage); small/large: each allocation's slot size or extent */
   vmm_torch_stat reserved_bytes[3];       /* all: the arena's physical bytes (vmm_usage) */
   vmm_torch_stat active_bytes[3];         /* as allocated_bytes */
   vmm_torch_stat inactive_split_bytes[3]; /* 0 */

@@ -153,6 +153,25 @@ vmm_status vmm_arena_record_stream(vmm_arena *a, void *ptr, CUstream stream) {
   return st;
 }
 
+vmm_status vmm_arena_allocation_size(vmm_arena *a, void *ptr, size_t *bytes) {
+  if (!a || !bytes) return VMM_ERR_INVALID_ARGUMENT;
+  CUdeviceptr base = (CUdeviceptr)(uintptr_t)ptr;
+  pthread_mutex_lock(&a->lock);
+  uint32_t slot;
+  vmm_page *pg = ptr ? vmm_pages_slot_of(a, base, &slot) : NULL;
+  vmm_mapping *m = pg ? NULL : vmm_table_find(&a->table, base);
+  vmm_status st = VMM_OK;
+  if (pg)
+    *bytes = pg->set->key.slot_size;
+  else if (m && !m->page && (m->state == VMM_MAP_LIVE || m->state == VMM_MAP_PAUSED))
+    *bytes = m->extent;
+  else
+    st = vmm_fail(a, VMM_ERR_UNKNOWN_POINTER, "allocation_size(0x%llx): not a live allocation of device %d",
+                  (unsigned long long)base, a->cfg.device);
+  pthread_mutex_unlock(&a->lock);
+  return st;
+}
+
 /* A capture into `pool` begins (+1) or ends (-1). */
 static vmm_status capture(vmm_arena *a, vmm_pool_id pool, int step) {
   if (!a) return VMM_ERR_INVALID_ARGUMENT;

@@ -86,6 +86,31 @@ static void slot_sizes(void **state) {
   }
 }
 
+/* vmm_arena_allocation_size: a slot's size class, a whole mapping's extent; anything else is
+ * refused and leaves *bytes as it was. */
+static void allocation_size_is_the_slot_or_the_extent(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  char *slot = alloc_in(a, 700, T, S1, 0);
+  char *whole = alloc_in(a, 3 * MiB + 1, T, S1, 0);
+  size_t bytes = 0;
+  assert_int_equal(vmm_arena_allocation_size(a, slot, &bytes), VMM_OK);
+  assert_int_equal(bytes, 1024);
+  assert_int_equal(vmm_arena_allocation_size(a, whole, &bytes), VMM_OK);
+  assert_int_equal(bytes, 4 * MiB);
+  bytes = 7;
+  assert_int_equal(vmm_arena_allocation_size(a, whole + 512, &bytes), VMM_ERR_UNKNOWN_POINTER);
+  assert_int_equal(bytes, 7);
+  assert_non_null(strstr(vmm_arena_last_error(a), "not a live allocation"));
+  assert_int_equal(vmm_arena_allocation_size(a, NULL, &bytes), VMM_ERR_UNKNOWN_POINTER);
+  assert_int_equal(vmm_arena_allocation_size(NULL, whole, &bytes), VMM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(vmm_arena_allocation_size(a, whole, NULL), VMM_ERR_INVALID_ARGUMENT);
+  tu_free(a, whole, S1);
+  assert_int_equal(vmm_arena_allocation_size(a, whole, &bytes), VMM_ERR_UNKNOWN_POINTER); /* cached, not live */
+  tu_free(a, slot, S1);
+  tu_destroy(a);
+}
+
 /* Small requests share a page: one mapping, slots apart by the slot size, no driver call for
  * the second; freeing them all gives the page back to the pool, still mapped. */
 static void small_requests_share_a_page(void **state) {
@@ -1930,6 +1955,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(slot_sizes),
       cmocka_unit_test(small_requests_share_a_page),
+      cmocka_unit_test(allocation_size_is_the_slot_or_the_extent),
       cmocka_unit_test(pages_are_kept_apart),
       cmocka_unit_test(bad_frees_of_slots),
       cmocka_unit_test(a_page_whose_free_fails_stays_a_page),
