@@ -55,6 +55,17 @@ static char cuda_why_buf[256];
 typedef CUresult (*get_proc_address_fn)(const char *symbol, void **pfn, int cuda_version, cuuint64_t flags,
                                          CUdriverProcAddressQueryResult *status);
 
+/* The CUDA version whose form of an entry point the table's prototype is: the capture-graph
+ * queries are the 12.3 forms (with edge data), the rest the 12.0 forms. */
+static int entry_cuda_version(int e) {
+  return e == VMM_DRV_stream_get_capture_info || e == VMM_DRV_graph_node_get_dependencies ? 12030 : 12000;
+}
+
+/* Entry points a driver may lack: the field stays NULL and the library does without. */
+static bool entry_optional(int e) {
+  return e == VMM_DRV_stream_get_capture_info || e == VMM_DRV_graph_node_get_dependencies;
+}
+
 static void load_cuda(void) {
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
@@ -81,8 +92,10 @@ static void load_cuda(void) {
     if (e == VMM_DRV_host_memory_available) continue; /* read from /proc, not the driver */
     CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     void *fn = NULL;
-    CUresult r = get_proc(entry_names[e], &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &status);
-    if (r != CUDA_SUCCESS || !fn || status != CU_GET_PROC_ADDRESS_SUCCESS) {
+    CUresult r = get_proc(entry_names[e], &fn, entry_cuda_version(e), CU_GET_PROC_ADDRESS_DEFAULT, &status);
+    bool found = r == CUDA_SUCCESS && fn && status == CU_GET_PROC_ADDRESS_SUCCESS;
+    if (!found && entry_optional(e)) continue;
+    if (!found) {
       snprintf(cuda_why_buf, sizeof cuda_why_buf, "libcuda.so.1 lacks %s (cuGetProcAddress returned %d, status %d)",
                entry_names[e], (int)r, (int)status);
       cuda_why = cuda_why_buf;

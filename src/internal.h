@@ -108,6 +108,23 @@ typedef struct vmm_handle {
   int ipc_fd;                      /* its exported descriptor + 1, closed at release; 0: none (ipc.c) */
 } vmm_handle;
 
+/* ---- Free markers of a capture (capture_join.c) ---------------------------------------- */
+
+#define VMM_JOIN_MARKERS 8 /* markers one free keeps; past them, reuse waits for the capture's end */
+
+/* A stream that used freed memory, and one node of its capture dependencies at the free. */
+typedef struct vmm_join_marker {
+  CUstream stream;
+  CUgraphNode node;
+} vmm_join_marker;
+
+/* The free markers of memory freed during a capture: capture 0 where none were recorded. */
+typedef struct vmm_join {
+  uint64_t capture;
+  uint32_t n;
+  vmm_join_marker marks[VMM_JOIN_MARKERS];
+} vmm_join;
+
 typedef enum vmm_mapping_state {
   VMM_MAP_LIVE,      /* handed out */
   VMM_MAP_POOLED,    /* idle in the pool, still mapped */
@@ -148,6 +165,7 @@ typedef struct vmm_mapping {
   CUdeviceptr before;     /* a tail: the base of the mapping it was split off after */
   void *backup;           /* host copy of a paused allocation's contents (VMM_PAUSE_BACKUP; backup.c) */
   bool kept;              /* PAUSED and freed: its live graph pool keeps the range; resume pools it */
+  vmm_join join;          /* free markers of its latest free, if that came during a capture */
 } vmm_mapping;
 
 /* ---- Handles (handle.c) --------------------------------------------------------------- */
@@ -365,6 +383,7 @@ typedef struct vmm_slot_wait {
   CUstream stream;             /* the other stream */
   CUevent event;               /* recorded on it after the free; NULL before (or while it captured) */
   struct vmm_slot_wait *next;
+  vmm_join join;               /* its free markers, where the slot was freed during a capture */
 } vmm_slot_wait;
 
 typedef struct vmm_page_set {
@@ -710,6 +729,18 @@ VMM_INTERNAL vmm_status vmm_admit_device(vmm_arena *a, size_t bytes, size_t roun
                                          vmm_kind kind);
 /* Records a cuMemCreate out-of-memory as a refusal, with the device's free memory. */
 VMM_INTERNAL vmm_status vmm_refuse_driver_oom(vmm_arena *a, size_t bytes, size_t rounded, vmm_kind kind);
+
+/* ---- Reuse after a join inside a capture (capture_join.c) ----------------------------- */
+/* At a free of memory of graph pool `pool` during a capture (whole-process mode): records in
+ * *j the capture dependencies of `freeing` and of each of `uses` (the streams whose work the
+ * reuse must follow). Where the driver lacks the capture-graph queries, a stream is not in the
+ * capture, or the markers do not fit, *j records none (reuse after the capture ends). */
+VMM_INTERNAL void vmm_join_record(vmm_arena *a, vmm_join *j, vmm_pool_id pool, CUstream freeing, const CUstream *uses,
+                                  uint32_t n_uses);
+/* Whether memory with markers *j may serve a request on `stream` now: `stream` captures in the
+ * same capture and each marker of another stream is reached backwards from its dependencies
+ * (a bounded walk: past its bound, not yet). The one question the pages and mappings ask. */
+VMM_INTERNAL bool vmm_join_reached(vmm_arena *a, const vmm_join *j, CUstream stream);
 
 /* ---- Stream order (stream_order.c) --------------------------------------------------- */
 /* Whether `s` is capturing a graph; the legacy stream counts as capturing while another stream

@@ -170,6 +170,7 @@ int vmm_mapping_pool(vmm_arena *a, vmm_mapping *m, CUstream stream) {
   m->stream = stream;
   m->free_epoch = a->epoch; /* reuse elsewhere and unmapping wait for this stream until a quiesce */
   m->free_seq = ++a->free_seq;  /* or until a fence recorded after it completes */
+  vmm_join_record(a, &m->join, m->pool, stream, m->uses, m->use_count); /* during a capture: its free markers */
   if (vmm_pool_push(&a->store.pool, m)) {
     m->stream = old_stream, m->free_epoch = old_epoch;
     return -1;
@@ -295,6 +296,7 @@ static vmm_mapping *part_record(const vmm_mapping *m, uint32_t k, uint32_t n, si
   t->kind = m->kind, t->pool = m->pool, t->tag = m->tag, t->scope_id = m->scope_id;
   t->stream = m->stream, t->uses = uses, t->use_count = m->use_count;
   t->free_epoch = m->free_epoch, t->free_seq = m->free_seq;
+  t->join = m->join;
   t->state = VMM_MAP_POOLED;
   t->tail = true;
   t->before = m->base + before;

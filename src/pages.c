@@ -128,29 +128,38 @@ static bool still_waits(const vmm_page_set *s, const vmm_page *pg, uint32_t slot
   return false;
 }
 
-/* Gives back the waiting slots once the event of every other stream that used them is known
- * complete (cuEventQuery); `by_event`: once the page's stream waits for those events, none
- * while the page's stream captures (its graph would wait on outside work). Returns how many
- * waits went. */
+/* Whether slot wait w is over for the page's stream: the streams joined inside the capture
+ * (capture_join.c), or the event recorded on the other stream after the free is known complete
+ * (cuEventQuery) or, `by_event`, the page's stream waits for it. The event is recorded here
+ * where the free could not (the other stream captured then); none is recorded or waited for
+ * unless `may_order`. */
+static bool wait_over(vmm_arena *a, const vmm_page_set *s, vmm_slot_wait *w, bool by_event, bool may_order) {
+  if (w->join.capture && vmm_join_reached(a, &w->join, s->key.stream)) return true;
+  if (!may_order) return false;
+  if (!w->event && !vmm_stream_capturing(a, w->stream) && (w->event = vmm_event_get(a)) &&
+      !vmm_event_record(a, w->event, w->stream)) {
+    vmm_event_put(a, w->event);
+    w->event = NULL;
+  }
+  return w->event && (by_event ? vmm_stream_wait_event(a, s->key.stream, w->event) : vmm_event_complete(a, w->event));
+}
+
+/* Gives back the waiting slots whose waits are over (wait_over); with `by_event`, no stream is
+ * ordered while the page's stream captures (its graph would wait on outside work). Returns how
+ * many waits went. */
 static size_t release_waits(vmm_arena *a, vmm_page_set *s, bool by_event) {
   size_t released = 0;
-  if (by_event && vmm_stream_capturing(a, s->key.stream)) return 0;
+  bool may_order = !(by_event && vmm_stream_capturing(a, s->key.stream));
   for (vmm_slot_wait **link = &s->waits; *link;) {
     vmm_slot_wait *w = *link;
-    if (!w->event && !vmm_stream_capturing(a, w->stream) && (w->event = vmm_event_get(a)) &&
-        !vmm_event_record(a, w->event, w->stream)) {
-      vmm_event_put(a, w->event);
-      w->event = NULL;
-    }
-    if (!w->event ||
-        !(by_event ? vmm_stream_wait_event(a, s->key.stream, w->event) : vmm_event_complete(a, w->event))) {
+    if (!wait_over(a, s, w, by_event, may_order)) {
       link = &w->next;
       continue;
     }
     released++;
     *link = w->next;
     if (!still_waits(s, w->page, w->slot)) release_slot(a, w->page, w->slot);
-    vmm_event_put(a, w->event);
+    if (w->event) vmm_event_put(a, w->event);
     free(w);
   }
   return released;
@@ -243,6 +252,7 @@ static size_t make_waits(vmm_arena *a, vmm_page *pg, uint32_t slot) {
       vmm_event_put(a, w->event);
       w->event = NULL;
     }
+    vmm_join_record(a, &w->join, pg->set->key.pool, w->stream, NULL, 0); /* during a capture: its free markers */
     w->next = pg->set->waits;
     pg->set->waits = w;
     n++;

@@ -1,7 +1,8 @@
 /* Stream order: when freed memory may be used again. Reuse on the freeing stream is
  * immediate; another stream is ordered after the free by an event, and nothing is recorded on,
- * waited from or synchronized on a capturing stream. Frees on a capturing stream are deferred
- * until the capture is over. */
+ * waited from or synchronized on a capturing stream. Inside a capture, a graph's memory is
+ * reused once the streams join (capture_join.c). Frees of shared memory on a capturing stream
+ * are deferred until the capture is over. */
 #include <stdlib.h>
 
 #include "internal.h"
@@ -76,6 +77,7 @@ static bool done_for_stream(vmm_reuse_ctx *c, const vmm_mapping *m) {
 bool vmm_usable_on_stream(void *arg, vmm_mapping *m) {
   vmm_reuse_ctx *c = arg;
   if (m->free_epoch < c->a->epoch) return true;
+  if (m->join.capture && vmm_join_reached(c->a, &m->join, c->stream)) return true; /* joined inside the capture */
   if (!c->by_event) return done_for_stream(c, m);
   if (!order_after(c, m->stream)) return false;
   for (uint32_t i = 0; i < m->use_count; i++)

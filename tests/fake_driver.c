@@ -313,7 +313,7 @@ static struct {
   size_t physical_used[FAKE_MAX_DEVICES];
   size_t retained[FAKE_MAX_DEVICES];
   avl *reservations, *mappings, *host_allocs;
-  hmap handles, events, capturing, streams; /* capturing: streams set capturing; streams: created */
+  hmap handles, events, streams; /* streams: created (capture state is the timeline's) */
   hmap imports;        /* ids made by cuMemImportFromShareableHandle (a marker set) */
   int export_refused;  /* cuMemCreate refuses exportable handles (fake_set_export_refused) */
   CUdeviceptr next_va;
@@ -570,7 +570,7 @@ static void remove_mapping(mapping *m) {
 
 static int is_legacy_stream(CUstream stream) { return stream == NULL || stream == CU_STREAM_LEGACY; }
 
-static int is_capturing(CUstream stream) { return hmap_get(&fk.capturing, (uintptr_t)stream) != NULL; }
+static int is_capturing(CUstream stream) { return tl_capturing(stream); }
 
 /* Work on `stream` is misuse while it captures, and on the legacy stream while any
  * stream captures (it would synchronize with the capture). */
@@ -580,7 +580,7 @@ static CUresult check_stream_usable(CUstream stream) {
                  (void *)stream);
     return misuse(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "stream %p is capturing", (void *)stream);
   }
-  if (is_legacy_stream(stream) && fk.capturing.count) {
+  if (is_legacy_stream(stream) && tl_capturing_streams()) {
     tl_violation(FAKE_VIOLATION_CAPTURE_SYNC, "%s on the legacy stream while a stream captures", entry_names[fk.entry]);
     return misuse(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "legacy stream used while a stream is capturing");
   }
@@ -590,7 +590,7 @@ static CUresult check_stream_usable(CUstream stream) {
 /* With strict capture on: a potentially unsafe call (memory creation, mapping, release, an
  * event query) while a capture is underway invalidates it unless this thread is relaxed. */
 static CUresult check_safe_during_capture(void) {
-  if (!fk.strict_capture || !fk.capturing.count || tls_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+  if (!fk.strict_capture || !tl_capturing_streams() || tls_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
     return CUDA_SUCCESS;
   return misuse(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "an unsafe call while a capture is underway, not relaxed");
 }
@@ -718,7 +718,7 @@ static CUresult do_ctx_pop_current(CUcontext *popped) {
 }
 
 static CUresult do_ctx_synchronize(void) {
-  if (fk.capturing.count) {
+  if (tl_capturing_streams()) {
     tl_violation(FAKE_VIOLATION_CAPTURE_SYNC, "cuCtxSynchronize while a stream captures");
     return misuse(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "a stream is capturing");
   }
@@ -906,7 +906,7 @@ static CUresult do_stream_is_capturing(CUstream stream, CUstreamCaptureStatus *s
     return CUDA_SUCCESS;
   }
   /* As CUDA: asking about the legacy stream while a stream captures is an error. */
-  if (is_legacy_stream(stream) && fk.capturing.count) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+  if (is_legacy_stream(stream) && tl_capturing_streams()) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
   *status = CU_STREAM_CAPTURE_STATUS_NONE;
   return CUDA_SUCCESS;
 }
@@ -1226,6 +1226,55 @@ static CUresult drv_mem_get_allocation_properties_from_handle(CUmemAllocationPro
   FAKE_CALL(mem_get_allocation_properties_from_handle, hnd, 0, do_mem_get_properties(prop, hnd));
 }
 
+/* cuStreamGetCaptureInfo (12.3 form): the timeline's capture of the stream. Edge data: all
+ * default, reported as NULL. */
+static CUresult do_stream_get_capture_info(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id,
+                                           CUgraph *graph, const CUgraphNode **deps, const CUgraphEdgeData **edges,
+                                           size_t *count) {
+  if (!status) return misuse(CUDA_ERROR_INVALID_VALUE, "cuStreamGetCaptureInfo without a status");
+  uint64_t capture = 0;
+  const CUgraphNode *d = NULL;
+  size_t n = 0;
+  if (is_legacy_stream(stream) && tl_capturing_streams()) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+  *status = tl_capture_info(stream, &capture, &d, &n) ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  if (id) *id = capture;
+  if (graph) *graph = (CUgraph)(uintptr_t)capture;
+  if (deps) *deps = d;
+  if (edges) *edges = NULL;
+  if (count) *count = n;
+  return CUDA_SUCCESS;
+}
+static CUresult drv_stream_get_capture_info(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id,
+                                            CUgraph *graph, const CUgraphNode **deps, const CUgraphEdgeData **edges,
+                                            size_t *count) {
+  FAKE_CALL(stream_get_capture_info, stream, 0,
+            do_stream_get_capture_info(stream, status, id, graph, deps, edges, count));
+}
+
+/* cuGraphNodeGetDependencies (12.3 form): with deps NULL the count; else up to *count of them
+ * (the rest of a larger array NULL) and *count the number stored. */
+static CUresult do_graph_node_get_dependencies(CUgraphNode node, CUgraphNode *deps, CUgraphEdgeData *edges,
+                                               size_t *count) {
+  const CUgraphNode *d;
+  size_t n;
+  if (!count || tl_node_deps(node, &d, &n)) return misuse(CUDA_ERROR_INVALID_VALUE, "unknown graph node %p", (void *)node);
+  if (edges && !deps) return misuse(CUDA_ERROR_INVALID_VALUE, "edge data asked without the dependencies");
+  if (!deps) {
+    *count = n;
+    return CUDA_SUCCESS;
+  }
+  for (size_t i = 0; i < *count; i++) {
+    deps[i] = i < n ? d[i] : NULL;
+    if (edges) memset(&edges[i], 0, sizeof edges[i]);
+  }
+  if (*count > n) *count = n;
+  return CUDA_SUCCESS;
+}
+static CUresult drv_graph_node_get_dependencies(CUgraphNode node, CUgraphNode *deps, CUgraphEdgeData *edges,
+                                                size_t *count) {
+  FAKE_CALL(graph_node_get_dependencies, node, 0, do_graph_node_get_dependencies(node, deps, edges, count));
+}
+
 /* Filled from the X-macro, so a missing entry point fails to compile. */
 static const struct vmm_driver fake_table = {
     .version = VMM_DRIVER_VERSION,
@@ -1234,6 +1283,15 @@ static const struct vmm_driver fake_table = {
     VMM_DRIVER_ENTRY_POINTS(FAKE_TABLE_FIELD)
 #undef FAKE_TABLE_FIELD
 };
+
+/* The same table without the capture-graph queries, as a driver older than CUDA 12.3. */
+const struct vmm_driver *fake_driver_without_capture_graph(void) {
+  static struct vmm_driver table;
+  table = fake_table;
+  table.stream_get_capture_info = NULL;
+  table.graph_node_get_dependencies = NULL;
+  return &table;
+}
 
 /* ---- Control and inspection ----------------------------------------------------------- */
 static fake_options resolve_options(const fake_options *in) {
@@ -1282,7 +1340,6 @@ const struct vmm_driver *fake_driver_reset(const fake_options *opts) {
   hmap_free(&fk.imports, 0);
   hmap_free(&fk.events, 0);
   hmap_free(&fk.streams, 0);
-  hmap_free(&fk.capturing, 0);
   free(fk.log);
   unsigned generation = fk.generation;
   memset(&fk, 0, sizeof fk);
@@ -1381,10 +1438,6 @@ void fake_set_capturing(CUstream stream, int capturing) {
   if (is_legacy_stream(stream)) return; /* the legacy stream cannot capture */
   pthread_mutex_lock(&fk_lock);
   tl_capture_state(stream, capturing);
-  if (!capturing)
-    hmap_del(&fk.capturing, (uintptr_t)stream);
-  else if (!is_capturing(stream))
-    hmap_put(&fk.capturing, (uintptr_t)stream, &fk.capturing); /* any non-NULL value marks it */
   pthread_mutex_unlock(&fk_lock);
 }
 

@@ -32,6 +32,9 @@ typedef struct fake_options {
 const struct vmm_driver *fake_driver_reset(const fake_options *opts);
 /* The table of the current fake (valid after a reset). */
 const struct vmm_driver *fake_driver(void);
+/* The same fake without cuStreamGetCaptureInfo and cuGraphNodeGetDependencies (NULL fields), as
+ * a driver that lacks them. */
+const struct vmm_driver *fake_driver_without_capture_graph(void);
 
 /* ---- Fault injection ----------------------------------------------------------------- */
 /* Fail the Nth call (1-based, counted from now) of `entry` with `result`; once, or that call
@@ -65,7 +68,9 @@ void fake_set_events_pending(int pending);
  * after a reset): at once. The clock starts at 0 and only fake_advance_clock moves it. */
 void fake_set_event_lag(uint64_t ops);
 void fake_advance_clock(uint64_t ops);
-/* Streams are any non-NULL pointer value the test invents; capture state is per stream. */
+/* Streams are any non-NULL pointer value the test invents. Set capturing, a stream begins a
+ * capture of its own (a graph, empty dependency set); unset, the capture it is in ends, for
+ * every stream in it (fake_program_wait brings a stream into a capture). */
 void fake_set_capturing(CUstream stream, int capturing);
 /* Calls made on threads other than the one of the last reset wait `us` microseconds before
  * they run (0, the default after a reset: none), so that a test can see what waits for them. */
@@ -139,7 +144,9 @@ uint64_t fake_owner_new(void);
  * unmapped memory (a violation). */
 int fake_kernel(CUstream stream, CUdeviceptr ptr, size_t n, uint64_t owner);
 /* The program orders `waiter` after the work queued on `waited` (an event it records and
- * waits for itself, as torch's wait_stream). */
+ * waits for itself, as torch's wait_stream). Where `waited` captures, the record captures its
+ * dependency set and the wait adds it to `waiter`'s, which joins the capture if it was not in
+ * one (cuStreamGetCaptureInfo, cuGraphNodeGetDependencies answer from these graphs). */
 void fake_program_wait(CUstream waiter, CUstream waited);
 /* The graph of the capture that ended last (fake_set_capturing(s, 0)), 0 if none. */
 uint64_t fake_graph_last(void);

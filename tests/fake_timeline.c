@@ -36,11 +36,23 @@ typedef struct tl_event {
   tl_clock vc; /* the stream's clock at its record */
 } tl_event;
 
+/* A stream taking part in a capture: the capture's id and the stream's current dependency set
+ * (the nodes its next captured operation will depend on). */
 typedef struct tl_capture {
   CUstream s;
-  tl_kernel *k;
+  uint64_t id;
+  CUgraphNode *deps;
   size_t n, cap;
 } tl_capture;
+
+/* A node of a capture graph: its dependencies (in tl.node_deps) and, for a kernel, what it
+ * touches (len 0: not a kernel). Its handle is (CUgraphNode)(index + 1). */
+typedef struct tl_node {
+  uint64_t capture;
+  size_t dep_at, n_deps;
+  tl_kernel k;
+  CUstream s;
+} tl_node;
 
 typedef struct tl_graph {
   uint64_t id;
@@ -64,7 +76,11 @@ static struct {
   size_t n_captures, cap_captures;
   tl_graph_t *graphs;
   size_t n_graphs, cap_graphs;
-  uint64_t next_graph, last_graph, next_owner, ops;
+  tl_node *nodes;
+  size_t n_nodes, cap_nodes;
+  CUgraphNode *node_deps;
+  size_t n_node_deps, cap_node_deps;
+  uint64_t next_graph, last_graph, next_owner, ops, next_capture;
   size_t count[FAKE_VIOLATION_KINDS], total;
   char text[TL_TEXTS][TL_TEXT_BYTES];
   tl_guard guard[FAKE_MAX_DEVICES];
@@ -83,8 +99,10 @@ static void *grow(void *array, size_t n, size_t *cap, size_t elem) {
 }
 
 void tl_reset(void) {
-  for (size_t i = 0; i < tl.n_captures; i++) free(tl.captures[i].k);
+  for (size_t i = 0; i < tl.n_captures; i++) free(tl.captures[i].deps);
   for (size_t i = 0; i < tl.n_graphs; i++) free(tl.graphs[i].k);
+  free(tl.nodes);
+  free(tl.node_deps);
   free(tl.events);
   free(tl.captures);
   free(tl.graphs);
@@ -168,9 +186,12 @@ void tl_event_destroy(CUevent e) {
   if (ev) *ev = tl.events[--tl.n_events];
 }
 
+static void capture_join(CUstream waiter, CUstream waited);
+
 void tl_program_wait(CUstream waiter, CUstream waited) {
   uint32_t d = stream_index(waited);
   join(issue(stream_index(waiter)), tl.vc[d]);
+  capture_join(waiter, waited);
 }
 
 /* ---- Accesses -------------------------------------------------------------------------- */
@@ -273,7 +294,16 @@ void tl_set_guard(int device, int (*forbids)(void *ctx), void *ctx) {
 
 void tl_device_closed(int device) { tl_set_guard(device, NULL, NULL); }
 
-/* ---- Graphs ---------------------------------------------------------------------------- */
+/* ---- Graphs ----------------------------------------------------------------------------
+ * A capture is a graph of nodes. A stream that starts capturing (fake_set_capturing) begins a
+ * capture of its own with an empty dependency set; a stream that the program orders after a
+ * capturing one (fake_program_wait: an event recorded on the capturing stream, which captures
+ * its set, and waited for) joins that capture, and its set gains the other's. Each captured
+ * kernel becomes a node that depends on its stream's set, which then is {that node}. When the
+ * stream that began a capture stops capturing, every stream of the capture stops, and the
+ * graph's kernels, in the order they were captured (a topological order), are what a launch
+ * replays. A captured kernel that touches bytes an earlier kernel of the capture (of another
+ * owner) touched, with no path of dependencies from it, is a REUSE violation. */
 
 static tl_capture *capture_of(CUstream s) {
   for (size_t i = 0; i < tl.n_captures; i++)
@@ -281,25 +311,127 @@ static tl_capture *capture_of(CUstream s) {
   return NULL;
 }
 
+static tl_capture *capture_add(CUstream s, uint64_t id) {
+  tl.captures = grow(tl.captures, tl.n_captures, &tl.cap_captures, sizeof *tl.captures);
+  tl.captures[tl.n_captures] = (tl_capture){s, id, NULL, 0, 0};
+  return &tl.captures[tl.n_captures++];
+}
+
+static void deps_add(tl_capture *c, CUgraphNode node) {
+  for (size_t i = 0; i < c->n; i++)
+    if (c->deps[i] == node) return;
+  c->deps = grow(c->deps, c->n, &c->cap, sizeof *c->deps);
+  c->deps[c->n++] = node;
+}
+
+static void capture_join(CUstream waiter, CUstream waited) {
+  tl_capture *from = capture_of(waited), *into = capture_of(waiter);
+  if (!from || (into && into->id != from->id)) return; /* nothing captured, or two captures: no graph edge */
+  if (!into) {
+    size_t at = (size_t)(from - tl.captures);
+    into = capture_add(waiter, from->id);
+    from = &tl.captures[at];
+  }
+  for (size_t i = 0; i < from->n; i++) deps_add(into, from->deps[i]);
+}
+
+/* The graph of capture `id`: its kernels in the order they were captured. */
+static void make_graph(uint64_t id) {
+  size_t n = 0;
+  tl_kernel *k = NULL;
+  for (size_t i = 0; i < tl.n_nodes; i++)
+    if (tl.nodes[i].capture == id && tl.nodes[i].k.len) {
+      k = realloc(k, (n + 1) * sizeof *k);
+      if (!k) abort();
+      k[n++] = tl.nodes[i].k;
+    }
+  tl.graphs = grow(tl.graphs, tl.n_graphs, &tl.cap_graphs, sizeof *tl.graphs);
+  tl.graphs[tl.n_graphs++] = (tl_graph_t){++tl.next_graph, k, n};
+  tl.last_graph = tl.next_graph;
+}
+
 void tl_capture_state(CUstream s, int capturing) {
   tl_capture *c = capture_of(s);
   if (capturing && !c) {
-    tl.captures = grow(tl.captures, tl.n_captures, &tl.cap_captures, sizeof *tl.captures);
-    tl.captures[tl.n_captures++] = (tl_capture){s, NULL, 0, 0};
+    capture_add(s, ++tl.next_capture);
   } else if (!capturing && c) {
-    tl.graphs = grow(tl.graphs, tl.n_graphs, &tl.cap_graphs, sizeof *tl.graphs);
-    tl.graphs[tl.n_graphs++] = (tl_graph_t){++tl.next_graph, c->k, c->n};
-    tl.last_graph = tl.next_graph;
-    *c = tl.captures[--tl.n_captures];
+    uint64_t id = c->id;
+    make_graph(id);
+    for (size_t i = tl.n_captures; i-- > 0;)
+      if (tl.captures[i].id == id) {
+        free(tl.captures[i].deps);
+        tl.captures[i] = tl.captures[--tl.n_captures];
+      }
   }
+}
+
+int tl_capturing(CUstream s) { return capture_of(s) != NULL; }
+size_t tl_capturing_streams(void) { return tl.n_captures; }
+
+static tl_node *node_of(CUgraphNode node) {
+  uintptr_t i = (uintptr_t)node;
+  return i >= 1 && i <= tl.n_nodes ? &tl.nodes[i - 1] : NULL;
+}
+
+/* Marks in seen[] every node that node i depends on, directly or not. */
+static void ancestors(size_t i, unsigned char *seen) {
+  const tl_node *n = &tl.nodes[i];
+  for (size_t d = 0; d < n->n_deps; d++) {
+    size_t j = (uintptr_t)tl.node_deps[n->dep_at + d] - 1;
+    if (!seen[j]) seen[j] = 1, ancestors(j, seen);
+  }
+}
+
+/* The race check of a new kernel node (the last) against the earlier kernels of its capture. */
+static void check_captured(size_t x) {
+  const tl_node *n = &tl.nodes[x];
+  unsigned char *seen = NULL;
+  for (size_t i = 0; i < x; i++) {
+    const tl_node *o = &tl.nodes[i];
+    int overlaps = o->k.len && o->k.ptr < n->k.ptr + n->k.len && n->k.ptr < o->k.ptr + o->k.len;
+    if (o->capture != n->capture || !overlaps || (n->k.owner && o->k.owner == n->k.owner)) continue;
+    if (!seen) {
+      if (!(seen = calloc(x + 1, 1))) abort();
+      ancestors(x, seen);
+    }
+    if (!seen[i])
+      tl_violation(FAKE_VIOLATION_REUSE,
+                   "captured kernel of owner %llu on stream %p touches 0x%llx+%zu with no path of dependencies from "
+                   "the captured kernel of owner %llu on stream %p",
+                   (unsigned long long)n->k.owner, (void *)n->s, (unsigned long long)n->k.ptr, n->k.len,
+                   (unsigned long long)o->k.owner, (void *)o->s);
+  }
+  free(seen);
 }
 
 int tl_capture_kernel(CUstream stream, CUdeviceptr ptr, size_t n, uint64_t owner) {
   tl_capture *c = capture_of(stream);
   if (!c) return 0;
-  c->k = grow(c->k, c->n, &c->cap, sizeof *c->k);
-  c->k[c->n++] = (tl_kernel){ptr, n, owner};
+  tl.nodes = grow(tl.nodes, tl.n_nodes, &tl.cap_nodes, sizeof *tl.nodes);
+  tl.nodes[tl.n_nodes] = (tl_node){c->id, tl.n_node_deps, c->n, {ptr, n, owner}, stream};
+  for (size_t i = 0; i < c->n; i++) {
+    tl.node_deps = grow(tl.node_deps, tl.n_node_deps, &tl.cap_node_deps, sizeof *tl.node_deps);
+    tl.node_deps[tl.n_node_deps++] = c->deps[i];
+  }
+  tl.n_nodes++;
+  c->n = 0;
+  deps_add(c, (CUgraphNode)(uintptr_t)tl.n_nodes);
+  check_captured(tl.n_nodes - 1);
   return 1;
+}
+
+int tl_capture_info(CUstream s, uint64_t *id, const CUgraphNode **deps, size_t *n) {
+  tl_capture *c = capture_of(s);
+  if (!c) return 0;
+  *id = c->id, *deps = c->deps, *n = c->n;
+  return 1;
+}
+
+int tl_node_deps(CUgraphNode node, const CUgraphNode **deps, size_t *n) {
+  tl_node *x = node_of(node);
+  if (!x) return -1;
+  *deps = tl.node_deps + x->dep_at, *n = x->n_deps;
+  return 0;
 }
 
 const tl_kernel *tl_graph(uint64_t graph, size_t *n) {

@@ -18,9 +18,12 @@
  *     (it has accesses; asked of a guard the test sets);
  *   - a synchronize, record or wait on a capturing stream;
  *   - an access of unmapped memory.
- * Kernels on a capturing stream belong to the graph being captured and run on the stream a
- * test launches the graph on. Internal to the fake: fake_driver.c calls these with its lock
- * held; tests use the functions fake_driver.h declares. */
+ * Kernels on a capturing stream belong to the graph being captured (a node that depends on the
+ * stream's capture dependencies; see "Graphs" in fake_timeline.c) and run on the stream a test
+ * launches the graph on; a captured kernel not ordered, within its graph, after an earlier
+ * captured kernel of another owner touching the same bytes is a REUSE violation. Internal to
+ * the fake: fake_driver.c calls these with its lock held; tests use the functions fake_driver.h
+ * declares. */
 #ifndef VMMARENA_FAKE_TIMELINE_H
 #define VMMARENA_FAKE_TIMELINE_H
 
@@ -70,8 +73,17 @@ void tl_forget(tl_records **acc);
 void tl_set_guard(int device, int (*forbids)(void *ctx), void *ctx);
 void tl_device_closed(int device);
 
-/* Capture bookkeeping: a stream starts or ends capturing (the graph is kept). */
+/* Capture bookkeeping: a stream starts a capture of its own, or ends the capture it is in (every
+ * stream of that capture stops; the graph is kept). */
 void tl_capture_state(CUstream s, int capturing);
+/* Whether `s` takes part in a capture; how many streams do. */
+int tl_capturing(CUstream s);
+size_t tl_capturing_streams(void);
+/* A capturing stream's capture id and dependency set (valid until the next timeline call): 1,
+ * or 0 where it does not capture. */
+int tl_capture_info(CUstream s, uint64_t *id, const CUgraphNode **deps, size_t *n);
+/* A node's dependencies: 0, or -1 for an unknown node. */
+int tl_node_deps(CUgraphNode node, const CUgraphNode **deps, size_t *n);
 /* The kernels of a graph, for fake_graph_launch (NULL if unknown): n kernels of (ptr, len, owner). */
 typedef struct tl_kernel {
   CUdeviceptr ptr;

@@ -457,6 +457,82 @@ static void test_timeline_capture_and_unmapped(void **state) {
   assert_int_equal(drv->mem_address_free(va, 4 * GRAIN), CUDA_SUCCESS);
 }
 
+/* The capture graph: a fork (the program's wait) brings a stream into the capture with the
+ * other's dependencies; each captured kernel is a node on its stream's set; a join merges the
+ * sets; cuStreamGetCaptureInfo and cuGraphNodeGetDependencies answer from it; a captured
+ * kernel on bytes another owner's captured kernel touched, with no path between them, is a
+ * violation; ending the origin's capture ends the side stream's and its kernels are replayed. */
+static void test_capture_graph(void **state) {
+  (void)state;
+  CUstream s1 = TS1, s2 = TS2;
+  CUstreamCaptureStatus status;
+  cuuint64_t id1 = 0, id2 = 0;
+  const CUgraphNode *deps;
+  const CUgraphEdgeData *edges = (const CUgraphEdgeData *)1;
+  size_t n = 9;
+  fake_set_capturing(s1, 1);
+  assert_int_equal(drv->stream_get_capture_info(s1, &status, &id1, NULL, &deps, &edges, &n), CUDA_SUCCESS);
+  assert_int_equal(status, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  assert_true(id1 != 0);
+  assert_int_equal(n, 0);
+  assert_null(edges);
+  assert_int_equal(drv->stream_get_capture_info(s2, &status, &id2, NULL, &deps, NULL, &n), CUDA_SUCCESS);
+  assert_int_equal(status, CU_STREAM_CAPTURE_STATUS_NONE);
+  assert_int_equal(drv->stream_get_capture_info(NULL, &status, NULL, NULL, NULL, NULL, NULL),
+                   CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+  CUdeviceptr va;
+  CUmemGenericAllocationHandle h = mapped(&va);
+  assert_int_equal(fake_kernel(s1, va, 64, 1), 0); /* node a */
+  assert_int_equal(drv->stream_get_capture_info(s1, &status, &id1, NULL, &deps, NULL, &n), CUDA_SUCCESS);
+  assert_int_equal(n, 1);
+  CUgraphNode a = deps[0], got[4];
+  size_t count = 0;
+  assert_int_equal(drv->graph_node_get_dependencies(a, NULL, NULL, &count), CUDA_SUCCESS);
+  assert_int_equal(count, 0);
+  fake_program_wait(s2, s1); /* fork: s2 joins the capture with {a} */
+  assert_int_equal(drv->stream_get_capture_info(s2, &status, &id2, NULL, &deps, NULL, &n), CUDA_SUCCESS);
+  assert_int_equal(status, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  assert_true(id2 == id1 && n == 1 && deps[0] == a);
+  assert_int_equal(fake_kernel(s2, va, 64, 1), 0); /* node b, after a */
+  assert_int_equal(drv->stream_get_capture_info(s2, &status, NULL, NULL, &deps, NULL, &n), CUDA_SUCCESS);
+  CUgraphNode b = deps[0];
+  assert_int_equal(fake_kernel(s1, va + 64, 64, 2), 0); /* node c, after a */
+  assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 0);
+  assert_int_equal(fake_kernel(s1, va, 64, 3), 0); /* planted: owner 3 on b's bytes, no path from b */
+  expect_violation(FAKE_VIOLATION_REUSE, "no path of dependencies");
+  fake_program_wait(s1, s2); /* join: s1's set gains b */
+  assert_int_equal(drv->stream_get_capture_info(s1, &status, NULL, NULL, &deps, NULL, &n), CUDA_SUCCESS);
+  assert_int_equal(n, 2);
+  assert_int_equal(fake_kernel(s1, va, 64, 4), 0); /* node e, after d and b: ordered */
+  assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 0);
+  assert_int_equal(drv->stream_get_capture_info(s1, &status, NULL, NULL, &deps, NULL, &n), CUDA_SUCCESS);
+  CUgraphEdgeData edge_data[4];
+  count = 4;
+  assert_int_equal(drv->graph_node_get_dependencies(deps[0], got, edge_data, &count), CUDA_SUCCESS);
+  assert_int_equal(count, 2);
+  assert_true((got[0] == b) != (got[1] == b));
+  assert_int_equal(edge_data[0].type, CU_GRAPH_DEPENDENCY_TYPE_DEFAULT);
+  count = 1; /* room for fewer than it has */
+  assert_int_equal(drv->graph_node_get_dependencies(deps[0], got, NULL, &count), CUDA_SUCCESS);
+  assert_int_equal(count, 1);
+  assert_int_equal(drv->graph_node_get_dependencies((CUgraphNode)(uintptr_t)999, got, NULL, &count),
+                   CUDA_ERROR_INVALID_VALUE); /* planted: an unknown node (misuse) */
+  assert_int_equal(misuse_count(), 1);
+  fake_set_capturing(s1, 0); /* the capture ends, for s2 too */
+  assert_int_equal(drv->stream_get_capture_info(s2, &status, NULL, NULL, NULL, NULL, NULL), CUDA_SUCCESS);
+  assert_int_equal(status, CU_STREAM_CAPTURE_STATUS_NONE);
+  fake_graph_launch(fake_graph_last(), s1); /* five kernels, in capture order on one stream */
+  assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 0);
+  assert_int_equal(drv->ctx_synchronize(), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_unmap(va, GRAIN), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_release(h), CUDA_SUCCESS);
+  assert_int_equal(drv->mem_address_free(va, 4 * GRAIN), CUDA_SUCCESS);
+  const struct vmm_driver *older = fake_driver_without_capture_graph();
+  assert_null(older->stream_get_capture_info);
+  assert_null(older->graph_node_get_dependencies);
+  assert_non_null(older->stream_is_capturing);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_happy_path, reset_defaults, reset_defaults),
@@ -475,6 +551,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_timeline_unmap_and_release, reset_defaults, reset_defaults),
       cmocka_unit_test_setup_teardown(test_timeline_scope_release, reset_defaults, reset_defaults),
       cmocka_unit_test_setup_teardown(test_timeline_capture_and_unmapped, reset_defaults, reset_defaults),
+      cmocka_unit_test_setup_teardown(test_capture_graph, reset_defaults, reset_defaults),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

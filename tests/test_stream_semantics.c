@@ -233,9 +233,10 @@ static void the_setting_orders_by_event(void **state) {
   destroy(a);
 }
 
-/* (6) Inside a capture: memory a side stream freed into the graph's pool is not given to the
- * capturing stream (the join cannot be seen: see docs), and nothing is recorded on, waited from
- * or synchronized on a capturing stream; once the capture is over and its work done, it is. */
+/* (6) Two captures at once, each stream its own (no fork joins them): memory S2 freed into the
+ * pool during its capture is not given to S1's (no path of S1's graph leads to S2's work), and
+ * nothing is recorded on, waited from or synchronized on a capturing stream. Streams of one
+ * capture that join: below. */
 static void a_capture_reuses_a_side_streams_free_only_once_done(void **state) {
   (void)state;
   vmm_arena *a = arena_with(0, 0);
@@ -259,6 +260,192 @@ static void a_capture_reuses_a_side_streams_free_only_once_done(void **state) {
   destroy(a);
 }
 
+/* ---- (6) Inside a capture: reuse after the streams join ---------------------------------
+ * PyTorch's test of graph_capture_record_stream_reuse: S1 captures and forks to side streams
+ * (the program's wait_stream), each reads data1 (record_stream); data1 is freed on S1. A
+ * request on S1 before every side stream joined back must not get data1's memory; after the
+ * joins it must, with nothing recorded, waited for or synchronized. Each allocation's kernels
+ * go on the fake's capture graph, which flags a captured kernel not ordered after another
+ * owner's kernel on the same bytes. */
+
+#define POOL 3
+#define SIDE(i) TU_STREAM(10 + (i))
+#define WHOLE (4 * MiB)
+#define SLOT 32 /* a sub-granule request: a slot of a page (torch.empty(8)) */
+
+typedef struct captured {
+  void *p;
+  uint64_t owner;
+  size_t bytes;
+} captured;
+
+static captured cap_alloc(vmm_arena *a, size_t bytes, CUstream s) {
+  captured c = {NULL, fake_owner_new(), bytes};
+  assert_int_equal(vmm_arena_alloc_in(a, bytes, T, s, POOL, &c.p), VMM_OK);
+  return c;
+}
+
+static void cap_kernel(const captured *c, CUstream s) {
+  assert_int_equal(fake_kernel(s, (CUdeviceptr)(uintptr_t)c->p, c->bytes, c->owner), 0);
+}
+
+static void cap_free(vmm_arena *a, const captured *c, CUstream s) { assert_int_equal(vmm_arena_free(a, c->p, s), VMM_OK); }
+
+/* An arena of whole-process mode on the fake driver `drv` (no release guard). */
+static vmm_arena *arena_on(const struct vmm_driver *drv) {
+  fake_driver_reset(NULL);
+  vmm_config c = tu_config();
+  c.caching = 1;
+  c.retain = VMM_RETAIN_AUTO;
+  c.handle_bound_bytes = 64 * MiB;
+  c.driver = drv;
+  vmm_arena *a = NULL;
+  assert_int_equal(vmm_arena_create(&c, &a), VMM_OK);
+  fake_set_event_lag(LAG);
+  fake_advance_clock(1);
+  return a;
+}
+
+/* What one scenario asks: `sides` side streams (1 or 3), allocations of `bytes`; `joins`:
+ * whether the request after the joins must get data1's memory (false: the fallback cases). */
+typedef struct join_case {
+  uint32_t sides;
+  size_t bytes;
+  bool joins;
+  uint32_t crowd; /* > 0: side stream 0 also waits on this many other forked streams before the free */
+  uint32_t chain; /* kernels on S1 between the joins and the request (a long walk back) */
+} join_case;
+
+/* S1 forks to the side streams, each reads data1 (record_stream), and it is freed on S1. */
+static captured fork_and_free(vmm_arena *a, const join_case *k, captured *side_bufs) {
+  captured data1 = cap_alloc(a, k->bytes, S1);
+  cap_kernel(&data1, S1);
+  for (uint32_t i = 0; i < k->sides; i++) {
+    fake_program_wait(SIDE(i), S1); /* s.wait_stream(s1): the side stream joins the capture */
+    side_bufs[i] = cap_alloc(a, k->bytes, SIDE(i));
+    cap_kernel(&data1, SIDE(i)); /* add(data1, 2.0, out=buf) */
+    cap_kernel(&side_bufs[i], SIDE(i));
+    assert_int_equal(vmm_arena_record_stream(a, data1.p, SIDE(i)), VMM_OK);
+  }
+  for (uint32_t i = 0; i < k->crowd; i++) { /* side stream 0's dependencies grow past the markers' bound */
+    fake_program_wait(SIDE(8 + i), S1);
+    assert_int_equal(fake_kernel(SIDE(8 + i), 0, 0, 0), 0);
+    fake_program_wait(SIDE(0), SIDE(8 + i));
+  }
+  assert_int_equal(vmm_arena_free(a, data1.p, S1), VMM_OK);
+  return data1;
+}
+
+static void run_join_case(vmm_arena *a, const join_case *k) {
+  assert_int_equal(vmm_arena_capture_begin(a, POOL), VMM_OK);
+  fake_set_capturing(S1, 1);
+  captured sink = cap_alloc(a, k->bytes, S1), side_bufs[3], after[3];
+  size_t from = fake_call_count();
+  captured data1 = fork_and_free(a, k, side_bufs);
+  captured before = cap_alloc(a, k->bytes, S1); /* before the joins: not data1's memory */
+  assert_ptr_not_equal(before.p, data1.p);
+  cap_kernel(&before, S1);
+  for (uint32_t i = 0; i < k->sides; i++) {
+    fake_program_wait(S1, SIDE(i)); /* s1.wait_stream(s): joined back */
+    if (i + 1 == k->sides) break;
+    after[i] = cap_alloc(a, k->bytes, S1); /* not every side stream joined yet */
+    assert_ptr_not_equal(after[i].p, data1.p);
+    cap_kernel(&after[i], S1);
+  }
+  cap_kernel(&sink, S1); /* sink1.fill_(1.0) */
+  for (uint32_t i = 0; i < k->chain; i++) cap_kernel(&sink, S1);
+  captured data3 = cap_alloc(a, k->bytes, S1);
+  if (k->joins) assert_ptr_equal(data3.p, data1.p);
+  else assert_ptr_not_equal(data3.p, data1.p);
+  cap_kernel(&data3, S1);
+  assert_no_wait_since(from);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_event_record), 0);
+  for (uint32_t i = 0; i < k->sides; i++) cap_free(a, &side_bufs[i], SIDE(i));
+  for (uint32_t i = 0; i + 1 < k->sides; i++) cap_free(a, &after[i], S1);
+  cap_free(a, &before, S1), cap_free(a, &data3, S1), cap_free(a, &sink, S1);
+  fake_set_capturing(S1, 0); /* the capture ends, for the side streams too */
+  assert_int_equal(vmm_arena_capture_end(a, POOL), VMM_OK);
+  fake_graph_launch(fake_graph_last(), S1);
+  assert_int_equal(vmm_arena_release_pool(a, POOL), VMM_OK);
+  destroy(a);
+}
+
+static void a_slot_is_reused_after_its_side_stream_joins(void **state) {
+  (void)state;
+  run_join_case(arena_with(0, 0), &(join_case){1, SLOT, true, 0, 0});
+}
+
+static void a_mapping_is_reused_after_its_side_stream_joins(void **state) {
+  (void)state;
+  run_join_case(arena_with(0, 0), &(join_case){1, WHOLE, true, 0, 0});
+}
+
+static void a_slot_is_reused_only_after_three_side_streams_join(void **state) {
+  (void)state;
+  run_join_case(arena_with(0, 0), &(join_case){3, SLOT, true, 0, 0});
+}
+
+static void a_mapping_is_reused_only_after_three_side_streams_join(void **state) {
+  (void)state;
+  run_join_case(arena_with(0, 0), &(join_case){3, WHOLE, true, 0, 0});
+}
+
+/* A driver without cuStreamGetCaptureInfo and cuGraphNodeGetDependencies: no reuse inside the
+ * capture (and no error); after it ends and its work is done, the memory serves the pool again. */
+static void without_the_graph_queries_reuse_waits_for_the_capture_end(void **state) {
+  (void)state;
+  for (int whole = 0; whole < 2; whole++) {
+    run_join_case(arena_on(fake_driver_without_capture_graph()), &(join_case){1, whole ? WHOLE : SLOT, false, 0, 0});
+    vmm_arena *a = arena_on(fake_driver_without_capture_graph());
+    assert_int_equal(vmm_arena_capture_begin(a, POOL), VMM_OK);
+    fake_set_capturing(S1, 1);
+    captured side[3], keep = cap_alloc(a, whole ? WHOLE : SLOT, S1);
+    captured data1 = fork_and_free(a, &(join_case){1, whole ? WHOLE : SLOT, false, 0, 0}, side);
+    fake_program_wait(S1, SIDE(0));
+    cap_free(a, &side[0], SIDE(0));
+    fake_set_capturing(S1, 0);
+    assert_int_equal(vmm_arena_capture_end(a, POOL), VMM_OK);
+    captured probe = cap_alloc(a, whole ? WHOLE : SLOT, S1); /* asks: an event or fence recorded */
+    fake_advance_clock(LAG);
+    captured again = cap_alloc(a, whole ? WHOLE : SLOT, S1), third = cap_alloc(a, whole ? WHOLE : SLOT, S1);
+    assert_ptr_not_equal(probe.p, data1.p); /* asked before the work of the side stream was done */
+    assert_true(again.p == data1.p || third.p == data1.p);
+    cap_free(a, &probe, S1), cap_free(a, &again, S1), cap_free(a, &third, S1), cap_free(a, &keep, S1);
+    assert_int_equal(vmm_arena_release_pool(a, POOL), VMM_OK);
+    destroy(a);
+  }
+}
+
+/* A failing query answers "not yet": no reuse inside the capture, no error. */
+static void a_failing_graph_query_answers_not_yet(void **state) {
+  (void)state;
+  vmm_arena *a = arena_with(0, 0);
+  fake_fail_nth(VMM_DRV_graph_node_get_dependencies, 1, CUDA_ERROR_UNKNOWN, 1);
+  run_join_case(a, &(join_case){1, SLOT, false, 0, 0});
+  a = arena_with(0, 0);
+  fake_fail_nth(VMM_DRV_graph_node_get_dependencies, 1, CUDA_ERROR_UNKNOWN, 1);
+  run_join_case(a, &(join_case){1, WHOLE, false, 0, 1}); /* one node back: its read fails */
+  a = arena_with(0, 0);
+  fake_fail_nth(VMM_DRV_stream_get_capture_info, 1, CUDA_ERROR_UNKNOWN, 1);
+  run_join_case(a, &(join_case){1, SLOT, false, 0, 0});
+}
+
+/* More markers than a free keeps (a side stream whose dependencies are many nodes): reuse
+ * waits for the capture's end. */
+static void markers_past_their_bound_wait_for_the_capture_end(void **state) {
+  (void)state;
+  run_join_case(arena_with(0, 0), &(join_case){1, SLOT, true, VMM_JOIN_MARKERS - 2, 0}); /* fits */
+  run_join_case(arena_with(0, 0), &(join_case){1, SLOT, false, VMM_JOIN_MARKERS, 0});
+  run_join_case(arena_with(0, 0), &(join_case){1, WHOLE, false, VMM_JOIN_MARKERS, 0});
+}
+
+/* A walk back past its bound answers "not yet"; within it, the join is found. */
+static void a_walk_past_its_bound_answers_not_yet(void **state) {
+  (void)state;
+  run_join_case(arena_with(0, 0), &(join_case){1, WHOLE, true, 0, 200});
+  run_join_case(arena_with(0, 0), &(join_case){1, WHOLE, false, 0, 300});
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(a_pending_free_elsewhere_is_not_handed_out),
@@ -271,6 +458,14 @@ int main(void) {
       cmocka_unit_test(before_a_refusal_a_waiting_slot_is_ordered),
       cmocka_unit_test(the_setting_orders_by_event),
       cmocka_unit_test(a_capture_reuses_a_side_streams_free_only_once_done),
+      cmocka_unit_test(a_slot_is_reused_after_its_side_stream_joins),
+      cmocka_unit_test(a_mapping_is_reused_after_its_side_stream_joins),
+      cmocka_unit_test(a_slot_is_reused_only_after_three_side_streams_join),
+      cmocka_unit_test(a_mapping_is_reused_only_after_three_side_streams_join),
+      cmocka_unit_test(without_the_graph_queries_reuse_waits_for_the_capture_end),
+      cmocka_unit_test(a_failing_graph_query_answers_not_yet),
+      cmocka_unit_test(markers_past_their_bound_wait_for_the_capture_end),
+      cmocka_unit_test(a_walk_past_its_bound_answers_not_yet),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

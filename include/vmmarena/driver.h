@@ -23,7 +23,8 @@
 extern "C" {
 #endif
 
-#define VMM_DRIVER_VERSION 4 /* 2: mem_cpy_dtoh, mem_cpy_htod appended; 3: the staged backup copies, event_query, thread_exchange_stream_capture_mode; 4: the sharing of memory between processes (export, import, properties) */
+#define VMM_DRIVER_VERSION 4 /* 2: mem_cpy_dtoh, mem_cpy_htod appended; 3: the staged backup copies, event_query, thread_exchange_stream_capture_mode; 4: the sharing of memory between processes (export, import, properties), and the capture graph's
+                               * dependencies (stream_get_capture_info, graph_node_get_dependencies) */
 
 /* CUresult cuInit(unsigned int flags); */
 typedef CUresult (*vmm_drv_init_fn)(unsigned int flags);
@@ -143,6 +144,26 @@ typedef CUresult (*vmm_drv_mem_import_from_shareable_handle_fn)(CUmemGenericAllo
 typedef CUresult (*vmm_drv_mem_get_allocation_properties_from_handle_fn)(CUmemAllocationProp *prop,
                                                                          CUmemGenericAllocationHandle handle);
 
+/* CUresult cuStreamGetCaptureInfo(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id,
+ *                                 CUgraph *graph, const CUgraphNode **dependencies,
+ *                                 const CUgraphEdgeData **edge_data, size_t *count):
+ * the CUDA 12.3 form (cuStreamGetCaptureInfo_v3, what CUDA 13's header maps the name to): a
+ * capturing stream's capture id, graph and current dependency set, the nodes the next captured
+ * operation on it will depend on (*dependencies stays valid until the next call on the stream).
+ * Pointers other than status may be NULL. Since version 4; optional: NULL where the driver
+ * lacks it (reuse inside a capture then waits for the capture to end). */
+typedef CUresult (*vmm_drv_stream_get_capture_info_fn)(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id,
+                                                       CUgraph *graph, const CUgraphNode **dependencies,
+                                                       const CUgraphEdgeData **edge_data, size_t *count);
+/* CUresult cuGraphNodeGetDependencies(CUgraphNode node, CUgraphNode *dependencies,
+ *                                     CUgraphEdgeData *edge_data, size_t *count):
+ * the CUDA 12.3 form (cuGraphNodeGetDependencies_v2, what CUDA 13's header maps the name to):
+ * with dependencies NULL, *count becomes the number of the node's dependencies; otherwise up
+ * to *count of them are stored (edge_data, if non-NULL, gets each edge's data) and *count
+ * becomes the number stored. Since version 4; optional, as stream_get_capture_info. */
+typedef CUresult (*vmm_drv_graph_node_get_dependencies_fn)(CUgraphNode node, CUgraphNode *dependencies,
+                                                           CUgraphEdgeData *edge_data, size_t *count);
+
 /* X-macro of every entry point: X(field, cuda_symbol). Order = field order in the table. */
 #define VMM_DRIVER_ENTRY_POINTS(X)                                     \
   X(init, "cuInit")                                                    \
@@ -185,7 +206,9 @@ typedef CUresult (*vmm_drv_mem_get_allocation_properties_from_handle_fn)(CUmemAl
   X(thread_exchange_stream_capture_mode, "cuThreadExchangeStreamCaptureMode") \
   X(mem_export_to_shareable_handle, "cuMemExportToShareableHandle")   \
   X(mem_import_from_shareable_handle, "cuMemImportFromShareableHandle") \
-  X(mem_get_allocation_properties_from_handle, "cuMemGetAllocationPropertiesFromHandle")
+  X(mem_get_allocation_properties_from_handle, "cuMemGetAllocationPropertiesFromHandle") \
+  X(stream_get_capture_info, "cuStreamGetCaptureInfo")                 \
+  X(graph_node_get_dependencies, "cuGraphNodeGetDependencies")
 
 /* Index of each entry point, for per-entry-point counters and fault injection. */
 typedef enum vmm_driver_entry {
@@ -241,6 +264,8 @@ struct vmm_driver {
   vmm_drv_mem_export_to_shareable_handle_fn mem_export_to_shareable_handle;     /* (version 4) */
   vmm_drv_mem_import_from_shareable_handle_fn mem_import_from_shareable_handle; /* (version 4) */
   vmm_drv_mem_get_allocation_properties_from_handle_fn mem_get_allocation_properties_from_handle; /* (version 4) */
+  vmm_drv_stream_get_capture_info_fn stream_get_capture_info;         /* (version 4; optional) */
+  vmm_drv_graph_node_get_dependencies_fn graph_node_get_dependencies; /* (version 4; optional) */
 };
 
 /* Name of an entry point as the driver spells it ("cuMemCreate"; the host-memory seam is
