@@ -3,8 +3,8 @@
  * point, pool hit rate, allocations refused for want of memory, and the replay's wall time.
  *
  *   vmmarena-replay [--driver fake|cuda] [--capacity SIZE] [--granularity SIZE]
- *                   [--handle-bound SIZE] [--refill HOW] [--grow on|off] [--lag N] [--csv OUT.csv]
- *                   [--plot OUT.png] [TRACE]
+ *                   [--handle-bound SIZE] [--refill HOW] [--grow on|off] [--stream-order HOW] [--lag N]
+ *                   [--csv OUT.csv] [--plot OUT.png] [TRACE]
  *
  * TRACE is a trace file, plain or gzip, read by vmm_trace_reader_open (include/vmmarena/trace.h);
  * without it the trace compiled into the binary is replayed. A trace the reader refuses is
@@ -54,14 +54,15 @@ typedef struct options {
   double refill_share; /* VMMARENA_REFILL as parsed (vmm_config.refill_share); 0 = assemble first */
   double refill_live_share; /* and vmm_config.refill_live_share (within-live:F) */
   int grow;            /* whole-process mode's VMMARENA_GROW (vmm_config.grow_in_place) */
+  int order_by_event;  /* whole-process mode's VMMARENA_STREAM_ORDER (vmm_config.order_by_event) */
   uint64_t lag;        /* fake only: an event completes this many operations after its record */
   const char *csv, *plot, *trace;
 } options;
 
 static const char USAGE[] =
     "usage: vmmarena-replay [--driver fake|cuda] [--capacity SIZE] [--granularity SIZE] [--handle-bound SIZE]\n"
-    "                       [--cache] [--keep-cache] [--refill HOW] [--grow on|off] [--lag N] [--csv OUT.csv]\n"
-    "                       [--plot OUT.png] [TRACE]\n"
+    "                       [--cache] [--keep-cache] [--refill HOW] [--grow on|off] [--stream-order HOW]\n"
+    "                       [--lag N] [--csv OUT.csv] [--plot OUT.png] [TRACE]\n"
     "  TRACE          trace file (plain or gzip); default: the trace built into this binary\n"
     "  --driver       fake (default: simulated driver, no GPU needed) or cuda (device 0)\n"
     "  --capacity     physical memory of the fake device, or the arena limit with cuda (e.g. 96G); a limit\n"
@@ -77,6 +78,9 @@ static const char USAGE[] =
     "  --refill       whole-process mode's VMMARENA_REFILL: assemble (default), below-peak[:F] or within-live[:F]\n"
     "  --grow         whole-process mode's VMMARENA_GROW: on (default: a pooled mapping may grow in place)\n"
     "                 or off\n"
+    "  --stream-order whole-process mode's VMMARENA_STREAM_ORDER: completed (default: memory freed on another\n"
+    "                 stream reused once the free's events are queried complete) or event (the request's stream\n"
+    "                 waits on an event recorded after the free)\n"
     "  --lag          fake only: the device N operations behind, an event complete N operations after\n"
     "                 its record or at a synchronize (default 0: at once)\n"
     "  --csv          one row per policy\n"
@@ -95,7 +99,7 @@ static int parse_size_option(const char *name, const char *value, size_t *out) {
  * --keep-cache, or refused as unknown. */
 static int takes_a_value(const char *arg) {
   static const char *const with_value[] = {"--driver", "--capacity", "--granularity", "--handle-bound", "--refill",
-                                           "--grow",   "--lag",      "--csv",         "--plot"};
+                                           "--grow",   "--stream-order", "--lag",   "--csv",         "--plot"};
   for (size_t i = 0; i < sizeof with_value / sizeof with_value[0]; i++)
     if (!strcmp(arg, with_value[i])) return 1;
   return 0;
@@ -136,17 +140,20 @@ static int parse_options(int argc, char **argv, options *o) {
         fprintf(stderr, "vmmarena-replay: --driver %s: expected fake or cuda\n", value);
         return -1;
       }
-    } else if (!strcmp(arg, "--refill") || !strcmp(arg, "--grow")) {
+    } else if (!strcmp(arg, "--refill") || !strcmp(arg, "--grow") || !strcmp(arg, "--stream-order")) {
       vmm_config parsed; /* parsed as the library parses VMMARENA_REFILL and VMMARENA_GROW */
       vmm_config_init(&parsed);
       parsed.refill_share = o->refill_share, parsed.refill_live_share = o->refill_live_share;
       parsed.grow_in_place = o->grow;
-      if (vmm_config_set(&parsed, arg + 2, value) != VMM_OK) {
+      parsed.order_by_event = o->order_by_event;
+      const char *key = strcmp(arg, "--stream-order") ? arg + 2 : "stream_order";
+      if (vmm_config_set(&parsed, key, value) != VMM_OK) {
         fprintf(stderr, "vmmarena-replay: %s: %s\n", arg, vmm_config_error());
         return -1;
       }
       o->refill_share = parsed.refill_share, o->refill_live_share = parsed.refill_live_share;
       o->grow = parsed.grow_in_place;
+      o->order_by_event = parsed.order_by_event;
     } else if (!strcmp(arg, "--lag")) {
       char *end = NULL;
       errno = 0;
@@ -520,6 +527,7 @@ static int replay(const options *o, const policy *p, const trace *t, const repla
   cfg.refill_share = o->refill_share;
   cfg.refill_live_share = o->refill_live_share;
   cfg.grow_in_place = o->grow;
+  cfg.order_by_event = o->order_by_event;
   cfg.log_level = 0; /* refusals are counted, not logged */
   cfg.unmap_in_background = o->driver != DRIVER_FAKE; /* the fake: every call in one order, run to run */
   if (o->driver == DRIVER_FAKE) {

@@ -80,6 +80,20 @@ class ToolOptions(unittest.TestCase):
         self.assertEqual((r.returncode, r.stderr),
                          (2, "vmmarena-replay: --capacity needs a value (vmmarena-replay --help)\n"))
 
+    def test_the_replay_stream_order(self):
+        r = self.run_tool("vmmarena-replay", "--stream-order", "sometimes")
+        self.assertEqual(r.returncode, 2)
+        self.assertRegex(r.stderr, r"^vmmarena-replay: --stream-order: .*VMMARENA_STREAM_ORDER=\"sometimes\"")
+        trace = os.path.join(ROOT, "tests", "data", "process.trace")
+        peaks = {}
+        for order in ("completed", "event"):
+            r = self.run_tool("vmmarena-replay", "--cache", "--lag", "100", "--stream-order", order, "--csv",
+                              os.path.join(self.dir.name, order + ".csv"), trace)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(os.path.join(self.dir.name, order + ".csv")) as f:
+                peaks[order] = f.read()
+        self.assertNotEqual(peaks["completed"], peaks["event"], "--stream-order changed nothing")
+
 
 if __name__ == "__main__":
     unittest.main()
