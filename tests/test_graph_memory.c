@@ -1,6 +1,6 @@
 /* Whole-process mode on the fake driver: a CUDA graph's memory under pause and under the
  * cache's drains, judged by the fake's device timeline. Regressions of test_random_process
- * (issue #40: seeds 2, 3, 5, 12, 13) reduced to their steps:
+ * (seeds 2, 3, 5, 12, 13) reduced to their steps:
  *   - memory allocated into a graph's pool stays the pool's while the graph lives, also when it
  *     is freed while paused: its range goes to no other allocation, and resume maps it back so
  *     that the graph replays into mapped memory (SPEC, "CUDA graphs" and "Pause and resume");

@@ -1,4 +1,4 @@
-/* Whole-process mode's stream semantics, as PyTorch's own allocator promises (issue #41): memory
+/* Whole-process mode's stream semantics, as PyTorch's own allocator promises: memory
  * freed on another stream, or used there (record_stream), serves a request only once the
  * free's events are known complete (cuEventQuery), and no stream is made to wait for work the
  * program did not order itself; ordering by event is the setting VMMARENA_STREAM_ORDER=event and

@@ -1,6 +1,6 @@
 """GPU tests of vmmarena's native PyTorch allocator: vmmarena.install() registers the C++ class
 of shim/torch_allocator (built here by vmmarena._process.build_native()) as PyTorch's CUDA
-allocator. One test per row of the feature table of issue 41 (reduce-overhead, memory
+allocator. One test per row of the feature table of docs/torch.md (reduce-overhead, memory
 history, catching out-of-memory, MemPool, sharing with another process, OOM observers), plus
 the statistics, the checkpoints of cudagraph trees and the build's errors. Run by
 tests/gpu/run; needs a CUDA GPU, torch 2.11, a C++ compiler, ninja, VMMARENA_LIBRARY and
