@@ -1007,6 +1007,35 @@ static void early_take_apart_orders_the_stream_and_never_in_a_capture(void **sta
   tu_destroy(a);
 }
 
+/* empty_cache never unmaps a retiring range whose stream captures (it cannot be waited for,
+ * and its work may still run): the range stays mapped until a later empty_cache, once the
+ * capture ended, waits for its stream. */
+static void empty_cache_keeps_the_retiring_range_of_a_capturing_stream(void **state) {
+  (void)state;
+  vmm_arena *a = event_ordered_arena(0);
+  void *x = tu_alloc(a, 8 * MiB, T, S1);
+  fake_set_events_pending(1);
+  tu_free(a, x, S1); /* its kernel on S1 not known done */
+  void *y = tu_alloc(a, 10 * MiB, T, S2); /* x whole, early, and 2 MiB new: x's range retires */
+  assert_int_equal(snap(a).retiring_ranges, 1);
+  assert_int_equal(vmm_arena_capture_begin(a, 3), VMM_OK);
+  fake_set_capturing(S1, 1);
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
+  assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 0);
+  assert_int_equal(snap(a).retiring_ranges, 1);
+  assert_int_equal(tu_mapped_from(x, 8 * MiB), 8 * MiB);
+  fake_set_capturing(S1, 0);
+  assert_int_equal(vmm_arena_capture_end(a, 3), VMM_OK);
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK); /* S1 waited for now */
+  assert_int_equal(snap(a).retiring_ranges, 0);
+  assert_int_equal(fake_mapped_size_at(dp(x)), 0);
+  assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 0);
+  fake_set_events_pending(0);
+  tu_free(a, y, S2);
+  assert_int_equal(vmm_arena_release_pool(a, 3), VMM_OK);
+  tu_destroy(a);
+}
+
 /* ---- VMMARENA_REFILL ------------------------------------------------------------------ */
 
 /* a, holding three pooled 2 MiB mappings after an empty_cache that left its high-water mark
@@ -2157,6 +2186,7 @@ int main(void) {
       cmocka_unit_test(a_graph_grows_its_own_memory_in_place),
       cmocka_unit_test(growth_off_assembles_in_a_fresh_range),
       cmocka_unit_test(early_take_apart_orders_the_stream_and_never_in_a_capture),
+      cmocka_unit_test(empty_cache_keeps_the_retiring_range_of_a_capturing_stream),
       cmocka_unit_test(refill_creates_below_the_high_water_mark),
       cmocka_unit_test(refill_only_for_several_handles),
       cmocka_unit_test(a_refused_refill_is_assembled),
