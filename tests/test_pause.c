@@ -337,6 +337,22 @@ static void snapshot_reports_paused(void **state) {
   tu_destroy(a);
 }
 
+/* Paused allocations still count as allocated but hold no physical memory: while they are
+ * paused the reserved bytes are below the allocated ones, and nothing is cached. */
+static void usage_while_paused_caches_nothing(void **state) {
+  (void)state;
+  vmm_arena *a = tu_arena(NULL, NULL);
+  void *p = tagged(a, "operands", 4 * MiB, VMM_KIND_PACKAGE, S1);
+  assert_int_equal(vmm_arena_pause(a, "operands", VMM_PAUSE_DISCARD), VMM_OK);
+  vmm_usage u;
+  assert_int_equal(vmm_arena_usage(a, &u), VMM_OK);
+  assert_int_equal(u.allocated_bytes, 4 * MiB);
+  assert_int_equal(u.reserved_bytes, 0);
+  assert_int_equal(u.cached_bytes, 0);
+  assert_int_equal(vmm_arena_free(a, p, S1), VMM_OK);
+  tu_destroy(a);
+}
+
 /* The trace records pause and resume with their tag and bytes, and its parser reads them back. */
 static void trace_records_pause_and_resume(void **state) {
   (void)state;
@@ -457,6 +473,7 @@ int main(void) {
       cmocka_unit_test(failed_resume_is_retried),
       cmocka_unit_test(resume_respects_the_limit),
       cmocka_unit_test(snapshot_reports_paused),
+      cmocka_unit_test(usage_while_paused_caches_nothing),
       cmocka_unit_test(trace_records_pause_and_resume),
       cmocka_unit_test(countdown),
   };

@@ -12,6 +12,7 @@
 #define S1 TU_STREAM(1)
 #define S2 TU_STREAM(2)
 #define S3 TU_STREAM(3)
+#define S4 TU_STREAM(4)
 #define T VMM_KIND_TRANSIENT
 #define P VMM_KIND_PACKAGE
 
@@ -378,6 +379,57 @@ static void a_tail_joins_only_the_mapping_it_still_follows(void **state) {
   tu_destroy(a);
 }
 
+/* A tail split off by an in-place hit keeps the streams record_stream added to the free it
+ * came from; the part before it, pooled again on the tail's stream, does not take it back
+ * while it has them. A request on a third stream is then ordered after those streams too: one
+ * mapping would carry only the first part's stream, and S4 would overwrite what S2 reads. */
+static void a_tail_with_record_stream_uses_is_not_taken_back(void **state) {
+  (void)state;
+  vmm_arena *a = event_ordered_arena(0);
+  void *x = tu_alloc(a, 8 * MiB, T, S1);
+  tu_use(x, S2);
+  assert_int_equal(vmm_arena_record_stream(a, x, S2), VMM_OK);
+  fake_set_events_pending(1); /* S2's kernel not known done */
+  tu_free(a, x, S1);
+  void *h = alloc_in(a, 4 * MiB, T, S3, 0); /* a prefix in place, ordered after S1 and S2; never used */
+  assert_ptr_equal(h, x);
+  assert_int_equal(vmm_arena_free(a, h, S1), VMM_OK); /* pooled on S1, the tail's stream */
+  vmm_snapshot sn = snap(a);
+  assert_int_equal(sn.kind[T].pooled_count, 2);
+  assert_int_equal(sn.kind[T].pooled_bytes, 8 * MiB);
+  void *y = tu_alloc(a, 8 * MiB, T, S4);
+  assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 0);
+  fake_set_events_pending(0);
+  tu_free(a, y, S4);
+  tu_destroy(a);
+}
+
+/* The same the other way: a tail freed with streams record_stream added does not join the
+ * pooled part before it (which has none), so a request on another stream waits for them. */
+static void a_tail_freed_with_record_stream_uses_stays_apart(void **state) {
+  (void)state;
+  vmm_arena *a = event_ordered_arena(0);
+  void *x = alloc_in(a, 8 * MiB, T, S1, 0);
+  tu_free(a, x, S1);
+  void *h = alloc_in(a, 4 * MiB, T, S1, 0); /* a prefix in place; the tail stays pooled */
+  assert_ptr_equal(h, x);
+  char *tail = tu_alloc(a, 4 * MiB, T, S1); /* the tail, exact */
+  assert_ptr_equal(tail, (char *)x + 4 * MiB);
+  tu_free(a, h, S1);
+  tu_use(tail, S2);
+  assert_int_equal(vmm_arena_record_stream(a, tail, S2), VMM_OK);
+  fake_set_events_pending(1); /* S2's kernel not known done */
+  tu_free(a, tail, S1);
+  vmm_snapshot sn = snap(a);
+  assert_int_equal(sn.kind[T].pooled_count, 2);
+  assert_int_equal(sn.kind[T].pooled_bytes, 8 * MiB);
+  void *y = tu_alloc(a, 8 * MiB, T, S3);
+  assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 0);
+  fake_set_events_pending(0);
+  tu_free(a, y, S3);
+  tu_destroy(a);
+}
+
 /* A page is exactly one granule (its slots are found by rounding down to it): a larger pooled
  * mapping never becomes one, whatever the reuse policy allows whole mappings, nor after a
  * refusal, where the cache is released and a granule created instead. */
@@ -618,10 +670,11 @@ static void early_take_apart_leaves_the_rest_pooled(void **state) {
 
 /* 260 ranges retire, their work pending: two 2 MiB mappings are taken whole into each of 130
  * 4 MiB ones, kept live in live[]. */
-static void retire_260_ranges(vmm_arena *a, void **live) {
+static void retire_260_ranges(vmm_arena *a, void **live, void **oldest) {
   fake_set_events_pending(1);
   for (int i = 0; i < 130; i++) {
     void *x = alloc_in(a, 2 * MiB, T, S1, 0), *y = alloc_in(a, 2 * MiB, T, S1, 0);
+    if (oldest && i < 2) oldest[2 * i] = x, oldest[2 * i + 1] = y;
     tu_free(a, x, S1);
     tu_free(a, y, S1);
     live[i] = alloc_in(a, 4 * MiB, T, S1, 0);
@@ -633,8 +686,8 @@ static void retire_260_ranges(vmm_arena *a, void **live) {
 static void retired_ranges_kept_at_most_256_once_complete(void **state) {
   (void)state;
   vmm_arena *a = whole_handles_arena();
-  void *live[130];
-  retire_260_ranges(a, live);
+  void *live[130], *oldest[4];
+  retire_260_ranges(a, live, oldest);
   assert_int_equal(snap(a).retiring_ranges, 260); /* none known complete: none unmapped */
   assert_int_equal(fake_calls_since(0, VMM_DRV_mem_unmap), 0);
   fake_set_events_pending(0);
@@ -642,6 +695,11 @@ static void retired_ranges_kept_at_most_256_once_complete(void **state) {
   void *more = alloc_in(a, 6 * MiB, T, S1, 0); /* a new range: the oldest four go */
   assert_int_equal(snap(a).retiring_ranges, 256);
   assert_int_equal(fake_calls_since(0, VMM_DRV_mem_unmap), 4);
+  for (int i = 0; i < 4; i++) { /* the ranges of the first two rounds, not the newest */
+    size_t at = tu_first_call(0, VMM_DRV_mem_unmap);
+    while (at != SIZE_MAX && fake_call_at(at)->a0 != dp(oldest[i])) at = tu_first_call(at + 1, VMM_DRV_mem_unmap);
+    assert_true(at != SIZE_MAX);
+  }
   assert_int_equal(vmm_arena_check(a, NULL, 0), VMM_OK);
   tu_free(a, more, S1);
   for (int i = 0; i < 130; i++) tu_free(a, live[i], S1);
@@ -949,6 +1007,35 @@ static void early_take_apart_orders_the_stream_and_never_in_a_capture(void **sta
   tu_destroy(a);
 }
 
+/* empty_cache never unmaps a retiring range whose stream captures (it cannot be waited for,
+ * and its work may still run): the range stays mapped until a later empty_cache, once the
+ * capture ended, waits for its stream. */
+static void empty_cache_keeps_the_retiring_range_of_a_capturing_stream(void **state) {
+  (void)state;
+  vmm_arena *a = event_ordered_arena(0);
+  void *x = tu_alloc(a, 8 * MiB, T, S1);
+  fake_set_events_pending(1);
+  tu_free(a, x, S1); /* its kernel on S1 not known done */
+  void *y = tu_alloc(a, 10 * MiB, T, S2); /* x whole, early, and 2 MiB new: x's range retires */
+  assert_int_equal(snap(a).retiring_ranges, 1);
+  assert_int_equal(vmm_arena_capture_begin(a, 3), VMM_OK);
+  fake_set_capturing(S1, 1);
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
+  assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 0);
+  assert_int_equal(snap(a).retiring_ranges, 1);
+  assert_int_equal(tu_mapped_from(x, 8 * MiB), 8 * MiB);
+  fake_set_capturing(S1, 0);
+  assert_int_equal(vmm_arena_capture_end(a, 3), VMM_OK);
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK); /* S1 waited for now */
+  assert_int_equal(snap(a).retiring_ranges, 0);
+  assert_int_equal(fake_mapped_size_at(dp(x)), 0);
+  assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 0);
+  fake_set_events_pending(0);
+  tu_free(a, y, S2);
+  assert_int_equal(vmm_arena_release_pool(a, 3), VMM_OK);
+  tu_destroy(a);
+}
+
 /* ---- VMMARENA_REFILL ------------------------------------------------------------------ */
 
 /* a, holding three pooled 2 MiB mappings after an empty_cache that left its high-water mark
@@ -1166,6 +1253,33 @@ static void a_slot_used_by_two_streams_waits_for_both(void **state) {
   assert_int_equal(usage(a).page_slots_used, 3);
   tu_free(a, z, S1);
   tu_free(a, y, S1);
+  tu_free(a, keep, S1);
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
+  assert_int_equal(usage(a).pages, 0);
+  tu_destroy(a);
+}
+
+/* record_stream is kept per slot: a slot recorded on a stream that already used another slot
+ * of the same page waits for that stream too before the page's stream takes it again. */
+static void record_stream_on_two_slots_of_a_page_keeps_both(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  char *x = tu_alloc(a, 512, T, S1);
+  char *y = tu_alloc(a, 512, T, S1);
+  char *keep = tu_alloc(a, 512, T, S1);
+  tu_use(x, S2);
+  assert_int_equal(vmm_arena_record_stream(a, x, S2), VMM_OK);
+  tu_use(y, S2);
+  assert_int_equal(vmm_arena_record_stream(a, y, S2), VMM_OK);
+  fake_set_events_pending(1); /* S2's kernels not known done */
+  tu_free(a, y, S1);
+  assert_int_equal(usage(a).page_slots_used, 3); /* y waits for S2 */
+  char *z = tu_alloc(a, 512, T, S1);
+  assert_true(z != y);
+  assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 0);
+  fake_set_events_pending(0);
+  tu_free(a, x, S1);
+  tu_free(a, z, S1);
   tu_free(a, keep, S1);
   assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
   assert_int_equal(usage(a).pages, 0);
@@ -1457,7 +1571,7 @@ static vmm_arena *background_arena(void) {
  * mappings that hold their handles). */
 static vmm_arena *background_arena_retired(void **live) {
   vmm_arena *a = background_arena();
-  retire_260_ranges(a, live);
+  retire_260_ranges(a, live, NULL);
   fake_set_events_pending(0);
   assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
   return a;
@@ -1726,6 +1840,53 @@ static void refused_memory_releases_the_cache(void **state) {
   tu_destroy(a);
 }
 
+/* Idle handles alone are cache too: a page (exactly one granule, which a larger idle handle
+ * never serves) refused new memory releases them and is made. */
+static void refused_memory_releases_idle_handles(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena_bound(10 * MiB, VMM_RETAIN_AUTO, 64 * MiB);
+  void *x, *y;
+  two_freed(a, &x, &y);
+  void *z = alloc_in(a, 10 * MiB, T, S1, 0); /* from y's handle, then x's */
+  tu_free(a, z, S1);
+  assert_int_equal(vmm_arena_quiesce(a), VMM_OK);
+  assert_ptr_equal(alloc_in(a, 4 * MiB, T, S1, 0), x); /* z gives x's handle; y's goes idle */
+  vmm_snapshot sn = snap(a);
+  assert_int_equal(sn.kind[T].idle_count, 1);
+  assert_int_equal(sn.kind[T].pooled_count, 0);
+  assert_int_equal(usage(a).pages, 0);
+  void *s = alloc_in(a, 512, T, S1, 0); /* 2 MiB more would pass the limit: y's handle goes */
+  vmm_usage u = usage(a);
+  assert_int_equal(u.cache_releases, 1);
+  assert_int_equal(u.refusals, 0);
+  assert_int_equal(u.reserved_bytes, 6 * MiB);
+  tu_free(a, s, S1);
+  tu_free(a, x, S1);
+  tu_destroy(a);
+}
+
+/* Inside a retaining scope a refused request fails: nothing is released before finish, not
+ * even to make room (a release there is a violation of the fake's timeline). */
+static void refused_memory_in_a_scope_keeps_the_cache(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(8 * MiB, VMM_RETAIN_ON);
+  assert_int_equal(vmm_retention_begin(a), VMM_OK);
+  void *live = tu_alloc(a, 6 * MiB, T, S1);
+  tu_free(a, tu_alloc(a, 2 * MiB, T, S1), S1);
+  size_t from = fake_call_count();
+  void *w;
+  assert_int_equal(vmm_arena_alloc_in(a, 4 * MiB, T, S1, 0, &w), VMM_ERR_OUT_OF_MEMORY);
+  assert_int_equal(fake_calls_since(from, VMM_DRV_mem_release), 0);
+  vmm_usage u = usage(a);
+  assert_int_equal(u.cache_releases, 0);
+  assert_int_equal(u.refusals, 1);
+  assert_int_equal(u.reserved_bytes, 8 * MiB);
+  assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 0);
+  assert_int_equal(vmm_retention_finish(a), VMM_OK);
+  tu_free(a, live, S1);
+  tu_destroy(a);
+}
+
 static void usage_and_peaks(void **state) {
   (void)state;
   vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
@@ -1748,6 +1909,20 @@ static void usage_and_peaks(void **state) {
   tu_free(a, s, S1);
   assert_int_equal(vmm_arena_usage(a, NULL), VMM_ERR_INVALID_ARGUMENT);
   assert_int_equal(vmm_arena_usage(NULL, &u), VMM_ERR_INVALID_ARGUMENT);
+  tu_destroy(a);
+}
+
+/* reset_peaks sets the reserved peak to what is reserved now, below the peak after an
+ * empty_cache; the high-water mark VMMARENA_REFILL measures against stays. */
+static void reset_peaks_resets_the_reserved_peak_not_the_high_water_mark(void **state) {
+  (void)state;
+  vmm_arena *a = refill_arena_with_three_pooled(0.9); /* high-water mark 16 MiB, 6 MiB reserved */
+  assert_int_equal(usage(a).reserved_peak_bytes, 16 * MiB);
+  assert_int_equal(vmm_arena_reset_peaks(a), VMM_OK);
+  assert_int_equal(usage(a).reserved_peak_bytes, 6 * MiB);
+  void *x = refilled_6_mib(a); /* 12 MiB, below 0.9 of the 16 MiB mark, not of 6 */
+  assert_int_equal(usage(a).reserved_peak_bytes, 12 * MiB);
+  tu_free(a, x, S1);
   tu_destroy(a);
 }
 
@@ -1951,6 +2126,35 @@ static void split_off_piece_keeps_record_stream_uses(void **state) {
   tu_destroy(a);
 }
 
+/* The same for a whole pooled mapping taken apart early: its range retires with the streams
+ * record_stream added, and empty_cache waits for them before it unmaps it. */
+static void a_retired_range_keeps_record_stream_uses(void **state) {
+  (void)state;
+  vmm_arena *a = event_ordered_arena(2 * MiB);
+  void *four = tu_alloc(a, 4 * MiB, T, S1);
+  void *two = tu_alloc(a, 2 * MiB, T, S1);
+  tu_use(four, S2);
+  assert_int_equal(vmm_arena_record_stream(a, four, S2), VMM_OK);
+  fake_set_events_pending(1);
+  tu_free(a, four, S1);
+  tu_free(a, two, S1);
+  void *six = tu_alloc(a, 6 * MiB, T, S3); /* four's handles and two's, taken apart early */
+  assert_true(six != four && six != two);
+  assert_int_equal(tu_snapshot(a).pooled_taken_apart_early, 2);
+  size_t from = fake_call_count();
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
+  assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 0); /* S2's kernel known complete before the unmap */
+  size_t unmap = tu_first_call(from, VMM_DRV_mem_unmap);
+  while (unmap != SIZE_MAX && fake_call_at(unmap)->a0 != dp(four)) unmap = tu_first_call(unmap + 1, VMM_DRV_mem_unmap);
+  assert_true(unmap != SIZE_MAX); /* four's range retired; empty_cache unmapped it */
+  size_t sync = tu_first_call(from, VMM_DRV_stream_synchronize);
+  while (sync < unmap && fake_call_at(sync)->a0 != (uintptr_t)S2) sync = tu_first_call(sync + 1, VMM_DRV_stream_synchronize);
+  assert_true(sync < unmap);
+  fake_set_events_pending(0);
+  tu_free(a, six, S3);
+  tu_destroy(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(slot_sizes),
@@ -1965,6 +2169,8 @@ int main(void) {
       cmocka_unit_test(prefix_hit_in_place_and_merged_back),
       cmocka_unit_test(run_hit_in_place_between_two_pooled_parts),
       cmocka_unit_test(a_tail_joins_only_the_mapping_it_still_follows),
+      cmocka_unit_test(a_tail_with_record_stream_uses_is_not_taken_back),
+      cmocka_unit_test(a_tail_freed_with_record_stream_uses_stays_apart),
       cmocka_unit_test(a_pooled_mapping_up_to_a_32nd_larger_serves_in_and_out_of_a_scope),
       cmocka_unit_test(an_exact_run_before_one_up_to_a_32nd_larger),
       cmocka_unit_test(assembly_takes_apart_early_and_the_old_ranges_retire),
@@ -1980,6 +2186,7 @@ int main(void) {
       cmocka_unit_test(a_graph_grows_its_own_memory_in_place),
       cmocka_unit_test(growth_off_assembles_in_a_fresh_range),
       cmocka_unit_test(early_take_apart_orders_the_stream_and_never_in_a_capture),
+      cmocka_unit_test(empty_cache_keeps_the_retiring_range_of_a_capturing_stream),
       cmocka_unit_test(refill_creates_below_the_high_water_mark),
       cmocka_unit_test(refill_only_for_several_handles),
       cmocka_unit_test(a_refused_refill_is_assembled),
@@ -1988,6 +2195,7 @@ int main(void) {
       cmocka_unit_test(record_stream_orders_reuse_of_a_mapping),
       cmocka_unit_test(record_stream_orders_reuse_of_a_slot),
       cmocka_unit_test(a_slot_used_by_two_streams_waits_for_both),
+      cmocka_unit_test(record_stream_on_two_slots_of_a_page_keeps_both),
       cmocka_unit_test(a_pool_keeps_its_memory),
       cmocka_unit_test(a_graph_pool_is_never_taken_apart),
       cmocka_unit_test(a_live_graph_keeps_its_memory_through_empty_cache),
@@ -2003,9 +2211,13 @@ int main(void) {
       cmocka_unit_test(empty_cache_releases_outside_a_scope_only),
       cmocka_unit_test(a_package_free_in_a_scope_never_waits_for_its_stream),
       cmocka_unit_test(refused_memory_releases_the_cache),
+      cmocka_unit_test(refused_memory_releases_idle_handles),
+      cmocka_unit_test(refused_memory_in_a_scope_keeps_the_cache),
       cmocka_unit_test(usage_and_peaks),
+      cmocka_unit_test(reset_peaks_resets_the_reserved_peak_not_the_high_water_mark),
       cmocka_unit_test(countdown_over_whole_process_paths),
       cmocka_unit_test(split_off_piece_keeps_record_stream_uses),
+      cmocka_unit_test(a_retired_range_keeps_record_stream_uses),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
