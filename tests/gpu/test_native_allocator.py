@@ -30,7 +30,8 @@ import torch  # noqa: E402
 import vmmarena  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_suite import check, check_listed, child_main, containing, is_child, run  # noqa: E402
+from gpu_suite import (check, check_listed, child_main, containing, is_child, load_kernels, run,  # noqa: E402
+                       spin_cycles)
 
 CHILD = is_child()
 BUILD_S = None
@@ -395,14 +396,15 @@ def test_record_stream_leaves_the_other_streams_work_unwaited():
     the memory comes back."""
     n = 32 * MiB
     side = torch.cuda.Stream()
-    torch.cuda.synchronize()
+    cycles = spin_cycles(1000)  # about a second
+    load_kernels(side, torch.cuda.current_stream())  # no lazy module load behind the spin
     x = torch.ones(n, dtype=torch.uint8, device="cuda")
     served(x, "the tensor used on the side stream")
     x_ptr = x.data_ptr()
     torch.cuda.synchronize()
     with torch.cuda.stream(side):
-        torch.cuda._sleep(int(2e9))  # about a second on an H100
-        x.add_(1)
+        torch.cuda._sleep(cycles)
+        x.fill_(1)
     x.record_stream(side)
     del x
     check(not side.query(), "the side stream finished before the request: nothing to test")

@@ -154,9 +154,10 @@ def test_graph_replay_unchanged_after_eager_churn():
     del g
 
 
-def _reused_while_busy(free_stream_setup, label):
+def _kept_from_the_main_stream_while_busy(free_stream_setup, label):
     """A tensor used on busy stream S is freed; the next same-size allocation on the main
-    stream must get its memory and still see S's write land first."""
+    stream must not get its memory while S's work is queued, nor make the main stream wait for
+    S (as PyTorch's allocator promises)."""
     n = 64 * MiB
     s = torch.cuda.Stream()
     cycles = spin_cycles(SPIN_MS)
@@ -171,30 +172,39 @@ def _reused_while_busy(free_stream_setup, label):
         done.record(s)
     del x
     y = torch.empty(n, dtype=torch.uint8, device="cuda")
-    busy = not done.query()
     y.fill_(2)
+    main_done = torch.cuda.Event()
+    main_done.record()
+    main_done.synchronize()
+    busy = not done.query()
+    check(busy, f"{label}: stream S had finished when the main stream's work did: the main stream waited for S "
+                "(or S's spin was too short to tell)")
+    check(y.data_ptr() != ptr, f"{label}: the main stream got memory stream S was still using")
     torch.cuda.synchronize()
-    check(y.data_ptr() == ptr, f"{label}: the main stream did not get the freed memory: nothing was tested")
-    check(busy, f"{label}: stream S had finished at the reuse: nothing was tested")
-    check(bool((y == 2).all()), f"{label}: the main stream's fill was overwritten: the reuse was not ordered")
+    check(bool((y == 2).all()), f"{label}: the main stream's fill was overwritten")
+    del y
+    z = torch.empty(n, dtype=torch.uint8, device="cuda")
+    check(containing(vmmarena.snapshot(DEV), z.data_ptr()) is not None,
+          f"{label}: the request after S finished is not in vmmarena's inventory")
+    del z
 
 
-def test_record_stream_delays_reuse():
+def test_record_stream_keeps_memory_until_the_stream_is_done():
     def setup(s, n):
         x = torch.empty(n, dtype=torch.uint8, device="cuda")  # allocated on the main stream
         x.record_stream(s)
         return x, lambda t: t.fill_(1)
 
-    _reused_while_busy(setup, "record_stream")
+    _kept_from_the_main_stream_while_busy(setup, "record_stream")
 
 
-def test_free_on_a_side_stream_is_ordered_before_reuse_on_main():
+def test_a_side_stream_free_serves_main_only_once_done():
     def setup(s, n):
         with torch.cuda.stream(s):
             x = torch.empty(n, dtype=torch.uint8, device="cuda")  # allocated (and freed) on S
         return x, lambda t: t.fill_(1)
 
-    _reused_while_busy(setup, "side-stream free")
+    _kept_from_the_main_stream_while_busy(setup, "side-stream free")
 
 
 def test_out_of_memory_raises_and_recovers():
@@ -488,8 +498,8 @@ TESTS = [
     test_memory_allocated_and_its_peak,
     test_out_of_memory_raises_and_recovers,
     test_memory_fraction_caps_new_memory,
-    test_record_stream_delays_reuse,
-    test_free_on_a_side_stream_is_ordered_before_reuse_on_main,
+    test_record_stream_keeps_memory_until_the_stream_is_done,
+    test_a_side_stream_free_serves_main_only_once_done,
     test_empty_cache_returns_memory_to_the_driver,
     test_empty_cache_waits_for_background_unmaps,
     test_pause_takes_exactly_one_tags_tensors,
