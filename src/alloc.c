@@ -6,7 +6,7 @@
 #define VMM_MAX_ALLOC ((size_t)1 << 47) /* 128 TiB: more than any device's VA space */
 #define NOTHING VMM_STATUS_COUNT
 
-static bool carved(const vmm_arena *a, size_t bytes) { return a->cfg.caching && bytes <= a->granularity / 2; }
+static bool carved(const vmm_arena *a, size_t bytes) { return vmm_policy_of(a)->carves_pages && bytes <= a->granularity / 2; }
 
 /* The live allocations and their bytes, with their peaks (vmm_usage). */
 static void count_allocation(vmm_arena *a, size_t bytes, int sign) {

@@ -17,7 +17,7 @@ int vmm_arena_device(const vmm_arena *a) { return a ? a->cfg.device : -1; }
 #define NOTHING VMM_STATUS_COUNT /* a source that does not apply, or found nothing */
 
 static bool pooling(const vmm_arena *a, const vmm_request *req) {
-  return vmm_caching(a) && a->cfg.reuse != VMM_REUSE_NONE && vmm_frees_to_pool(a, req->kind);
+  return vmm_policy_pools(vmm_policy_of(a), req->kind) && a->cfg.reuse != VMM_REUSE_NONE;
 }
 
 static bool assembling(const vmm_arena *a, const vmm_request *req) {
@@ -29,7 +29,8 @@ static size_t reuse_limit(const vmm_arena *a, const vmm_request *req) {
   size_t rounded = req->rounded;
   if (req->exact) return rounded;
   if (a->cfg.reuse == VMM_REUSE_BEST_FIT) return SIZE_MAX;
-  if (a->cfg.reuse != VMM_REUSE_BOUNDED) return rounded + vmm_pooled_overshoot(a, rounded); /* exact */
+  size_t share = vmm_policy_of(a)->overshoot_share;
+  if (a->cfg.reuse != VMM_REUSE_BOUNDED) return rounded + (share ? rounded / share : 0); /* exact */
   double bound = (double)rounded * a->cfg.reuse_bound;
   return bound >= (double)SIZE_MAX ? SIZE_MAX : (size_t)bound;
 }
@@ -69,7 +70,7 @@ static vmm_status from_pool(vmm_arena *a, const vmm_request *req, vmm_mapping **
  * request (or up to 1/32 more); those before and after it stay pooled (no driver call, as a
  * caching allocator splits a block). */
 static vmm_status take_run(vmm_arena *a, const vmm_request *req, bool shared, vmm_mapping **out) {
-  if (!a->cfg.caching || !pooling(a, req) || a->cfg.reuse != VMM_REUSE_EXACT) return NOTHING;
+  if (!vmm_policy_of(a)->splits_in_place || !pooling(a, req) || a->cfg.reuse != VMM_REUSE_EXACT) return NOTHING;
   if (vmm_pool_reserve(&a->store.pool, 2)) return NOTHING;
   hit_ctx c = {vmm_reuse_on(a, req->stream, req->last_resort), req->kind, req->pool, shared};
   uint32_t first, count;
@@ -95,7 +96,7 @@ static vmm_status from_pool_run(vmm_arena *a, const vmm_request *req, vmm_mappin
  * own pool first: what the graph's pool holds is the graph's until the pool is released, so a
  * shared mapping taken while the pool had one would be held twice. */
 static vmm_status from_shared_whole(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
-  if (!a->cfg.caching || req->pool == VMM_POOL_SHARED || !pooling(a, req)) return NOTHING;
+  if (!vmm_policy_of(a)->graph_pools_keep || req->pool == VMM_POOL_SHARED || !pooling(a, req)) return NOTHING;
   if ((*out = take_pooled(a, req, reuse_limit(a, req), true)) != NULL) {
     a->pool_misses--, a->pool_hits++; /* what from_pool counted a miss of the graph's pool is a hit */
     return VMM_OK;
@@ -106,7 +107,7 @@ static vmm_status from_shared_whole(vmm_arena *a, const vmm_request *req, vmm_ma
 /* Whole-process mode: a retired range of exactly the request's size (or a run of a larger
  * one's handles), its handles free again, serves as it is mapped (no driver call; retiring.c). */
 static vmm_status revive(vmm_arena *a, const vmm_request *req, bool part, vmm_mapping **out) {
-  if (!a->cfg.caching || !pooling(a, req) || req->pool != VMM_POOL_SHARED) return NOTHING;
+  if (!vmm_policy_of(a)->retires_taken_apart || !pooling(a, req) || req->pool != VMM_POOL_SHARED) return NOTHING;
   return vmm_retiring_revive(a, req, part, out);
 }
 
@@ -149,7 +150,7 @@ static vmm_status from_idle_padded(vmm_arena *a, const vmm_request *req, vmm_map
 static bool has_cache(const vmm_arena *a) { return a->store.pool.count || a->store.idle_count || a->pages.pages; }
 
 static vmm_status from_released_cache(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
-  if (!a->cfg.caching || vmm_retaining(a) || !has_cache(a)) return NOTHING;
+  if (!vmm_policy_of(a)->releases_on_refusal || !has_cache(a)) return NOTHING;
   char refusal[sizeof a->last_error];
   memcpy(refusal, a->last_error, sizeof refusal);
   vmm_status st = vmm_cache_release(a, "a request refused new memory");
@@ -163,7 +164,8 @@ static vmm_status from_released_cache(vmm_arena *a, const vmm_request *req, vmm_
  * waits for them) only as its last resort: inside a scope before new memory, and before a
  * refusal. Then the reuse sources are tried again, the assembly last. */
 static bool may_order_by_event(const vmm_arena *a, const vmm_request *req) {
-  return a->cfg.caching && !a->cfg.order_by_event && !req->last_resort && pooling(a, req) && a->store.pool.count;
+  return vmm_policy_of(a)->orders_by_event_last && !a->cfg.order_by_event && !req->last_resort && pooling(a, req) &&
+         a->store.pool.count;
 }
 
 static vmm_status take_by_event(vmm_arena *a, const vmm_request *req, bool refused, vmm_mapping **out) {
@@ -287,7 +289,7 @@ vmm_status vmm_refuse_pointer(vmm_arena *a, CUdeviceptr p, vmm_mapping *m) {
   if (m && !m->page)
     return vmm_fail(a, VMM_ERR_UNKNOWN_POINTER, "free(0x%llx): %s %s allocation of %zu bytes is %s", (unsigned long long)p,
                     vmm_fmt_bytes(m->extent, b), vmm_kind_name(m->kind), m->requested,
-                    m->kept ? "already freed (paused; its graph's pool keeps the range)" : state_name(m->state));
+                    vmm_mapping_kept(m) ? "already freed (paused; its graph's pool keeps the range)" : state_name(m->state));
   vmm_mapping *c = m ? m : vmm_table_containing(&a->table, p);
   if (c && c->page)
     return vmm_fail(a, VMM_ERR_UNKNOWN_POINTER,
@@ -322,7 +324,7 @@ static vmm_status free_now(vmm_arena *a, vmm_mapping *m, CUstream stream, bool *
     return VMM_OK;
   }
   /* A failed unmap leaves the allocation live (*freed false): a later free retries. */
-  return vmm_mapping_retire(a, m, vmm_caching(a), "free", freed);
+  return vmm_mapping_retire(a, m, vmm_policy_of(a)->keeps_frees, "free", freed);
 }
 
 /* Whether a free on `stream` waits for a capture to end before its memory is kept or given
@@ -330,7 +332,8 @@ static vmm_status free_now(vmm_arena *a, vmm_mapping *m, CUstream stream, bool *
  * asked about. In whole-process mode only shared-pool memory, and only while a capture is
  * underway, so that a free makes no driver call otherwise. */
 static bool waits_for_capture(vmm_arena *a, const vmm_mapping *m, CUstream stream, bool pooled) {
-  if (a->cfg.caching) return a->captures_underway && m->pool == VMM_POOL_SHARED && vmm_stream_capturing(a, stream);
+  if (vmm_policy_of(a)->free_never_waits)
+    return a->captures_underway && m->pool == VMM_POOL_SHARED && vmm_stream_capturing(a, stream);
   return !pooled && vmm_stream_capturing(a, stream);
 }
 
@@ -345,11 +348,12 @@ static vmm_status free_live(vmm_arena *a, vmm_mapping *m, CUstream stream, bool 
   }
   if (m->pool != VMM_POOL_SHARED && vmm_id_set_has(&a->released_pools, m->pool))
     m->pool = VMM_POOL_SHARED; /* its graph is gone: shared, as release_pool made what was pooled */
-  bool pooled = vmm_caching(a) && vmm_frees_to_pool(a, m->kind);
+  const vmm_policy *pol = vmm_policy_of(a);
+  bool pooled = vmm_policy_pools(pol, m->kind);
   bool capturing = waits_for_capture(a, m, stream, pooled);
   /* where no bucket can be allocated, the mapping is freed the plain way (handles kept idle) */
   if (pooled && !capturing && vmm_mapping_pool(a, m, stream) == 0) return VMM_OK;
-  if (pooled && !a->cfg.caching) capturing = vmm_stream_capturing(a, stream); /* the pool had no room */
+  if (pooled && !pol->free_never_waits) capturing = vmm_stream_capturing(a, stream); /* the pool had no room */
   if (capturing) {
     vmm_deferred_push(a, m, stream);
     return VMM_OK;
@@ -361,7 +365,7 @@ static vmm_status free_live(vmm_arena *a, vmm_mapping *m, CUstream stream, bool 
 /* Memory allocated into a graph's pool stays the pool's while the graph lives (SPEC, "CUDA
  * graphs"): the graph replays into it even after the allocation is freed. */
 static bool graph_keeps(const vmm_arena *a, const vmm_mapping *m) {
-  return a->cfg.caching && m->pool != VMM_POOL_SHARED && !vmm_id_set_has(&a->released_pools, m->pool);
+  return vmm_policy_of(a)->graph_pools_keep && m->pool != VMM_POOL_SHARED && !vmm_id_set_has(&a->released_pools, m->pool);
 }
 
 vmm_status vmm_free_mapping(vmm_arena *a, vmm_mapping *m, CUstream stream, bool *freed) {
@@ -376,7 +380,7 @@ vmm_status vmm_free_mapping(vmm_arena *a, vmm_mapping *m, CUstream stream, bool 
     return VMM_OK;
   }
   if (m->state == VMM_MAP_PAUSED) {
-    vmm_status st = vmm_mapping_free_paused(a, m, vmm_caching(a));
+    vmm_status st = vmm_mapping_free_paused(a, m, vmm_policy_of(a)->keeps_frees);
     *freed = st == VMM_OK;
     return st;
   }

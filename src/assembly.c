@@ -32,8 +32,9 @@ typedef struct plan {
 } plan;
 
 vmm_assembly_mode vmm_assembly_mode_for(const vmm_arena *a, vmm_kind kind) {
-  bool assembles = vmm_caching(a) && a->cfg.reuse != VMM_REUSE_NONE &&
-                   (kind == VMM_KIND_TRANSIENT || !vmm_retaining(a) || a->cfg.package_assembly);
+  const vmm_policy *pol = vmm_policy_of(a);
+  bool assembles = pol->keeps_frees && a->cfg.reuse != VMM_REUSE_NONE &&
+                   (kind == VMM_KIND_TRANSIENT || !pol->holds_until_finish || a->cfg.package_assembly);
   return assembles ? VMM_ASSEMBLE_EXACT : VMM_ASSEMBLE_NEW;
 }
 
@@ -57,7 +58,8 @@ static bool has_handle_at_most(const vmm_mapping *m, size_t most) {
  * reach the shared idle tier while the graph lives). The range of those taken stays mapped,
  * retiring, until the pool is released: the graph's replays use that address. */
 static bool graph_takes_apart(vmm_arena *a, const plan *p, vmm_mapping *m, size_t left, bool padded) {
-  if (!a->cfg.caching || !p->order || m->pool != p->pool || padded || m->handles[0]->size > left) return false;
+  if (!vmm_policy_of(a)->graph_pools_keep || !p->order || m->pool != p->pool || padded || m->handles[0]->size > left)
+    return false;
   return (m->early = vmm_usable_on_stream(p->order, m));
 }
 
@@ -69,7 +71,7 @@ static bool can_take_apart(vmm_arena *a, const plan *p, vmm_mapping *m, size_t l
   if (m->chosen) return false;
   if (m->pool != VMM_POOL_SHARED) return graph_takes_apart(a, p, m, left, padded);
   if (!(padded || has_handle_at_most(m, left))) return false;
-  if (!a->cfg.caching) return vmm_can_wait_for_free(a, m);
+  if (!vmm_policy_of(a)->retires_taken_apart) return vmm_can_wait_for_free(a, m);
   m->early = false;
   if (vmm_free_complete(a, m)) return true;
   /* early: its first handles only, the rest stays pooled (idle, it could serve before its work is done) */
@@ -131,7 +133,8 @@ static void plan_idle(vmm_arena *a, plan *p, size_t rounded, bool padded) {
   if (left && padded && (h = vmm_idle_take_at_least(a, left)) != NULL) plan_use(p, h, &left);
   p->n_idle_tier = p->n_use;
   vmm_mapping *m;
-  size_t over = a->cfg.caching && p->order && !padded ? rounded / VMM_OVERSHOOT_SHARE : 0; /* not a resume: its size is fixed */
+  size_t share = vmm_policy_of(a)->overshoot_share;
+  size_t over = share && p->order && !padded ? rounded / share : 0; /* not a resume: its size is fixed */
   while (left && (m = pick_apart(a, p, left, padded)) != NULL) {
     m->chosen = true;
     p->apart[p->n_apart++] = m;
@@ -311,14 +314,15 @@ static void free_split_uses(plan *p) {
 static vmm_status unmap_apart(vmm_arena *a, plan *p) {
   CUstream waited[8];
   size_t n_waited = 0, n_early = 0;
+  bool retires = vmm_policy_of(a)->retires_taken_apart;
   for (size_t i = 0; i < p->n_apart; i++) { /* a whole shared one stays mapped: it may serve again */
     vmm_mapping *m = p->apart[i];
-    if (a->cfg.caching && m->pool == VMM_POOL_SHARED && all_taken(m)) m->early = true;
+    if (retires && m->pool == VMM_POOL_SHARED && all_taken(m)) m->early = true;
     n_early += m->early && m != p->grow; /* the grown one stays mapped, but does not retire */
   }
   if (n_early && (vmm_retiring_reserve(a, n_early) || vmm_pool_reserve(&a->store.pool, n_early) || copy_split_uses(p)))
     return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for %zu retiring ranges", n_early);
-  for (size_t i = 0; i < p->n_apart && !a->cfg.caching; i++) { /* whole-process mode: known complete */
+  for (size_t i = 0; i < p->n_apart && !retires; i++) { /* whole-process mode: known complete */
     vmm_status st = vmm_wait_for_free(a, p->apart[i], "assembly", waited, &n_waited, 8);
     if (st == VMM_ERR_SCOPE_STATE) st = VMM_ERR_OUT_OF_MEMORY; /* began capturing since the plan */
     if (st != VMM_OK) return st;
@@ -406,7 +410,7 @@ static vmm_status plan_make(vmm_arena *a, const vmm_request *req, bool resume, b
   *order = vmm_reuse_on(a, req->stream, req->last_resort);
   p->order = resume ? NULL : order;
   p->pool = req->pool;
-  p->early_shared = a->cfg.caching && !a->captures_underway && !resume && req->pool == VMM_POOL_SHARED;
+  p->early_shared = vmm_policy_of(a)->retires_taken_apart && !a->captures_underway && !resume && req->pool == VMM_POOL_SHARED;
   p->use = malloc((a->store.idle_count + a->store.pool.handles + 1) * sizeof *p->use);
   p->apart = malloc((a->store.pool.count + 1) * sizeof *p->apart);
   if (!p->use || !p->apart) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for an assembly");
@@ -424,7 +428,7 @@ static double refill_room(const vmm_arena *a, const vmm_request *req) {
 }
 
 bool vmm_refill_wanted(vmm_arena *a, const vmm_request *req) {
-  if (!a->cfg.caching || (double)(a->physical_bytes + req->rounded) > refill_room(a, req)) return false;
+  if (!vmm_policy_of(a)->refills || (double)(a->physical_bytes + req->rounded) > refill_room(a, req)) return false;
   plan p = {0};
   vmm_reuse_ctx order;
   bool several = plan_make(a, req, false, false, &order, &p) == VMM_OK && p.n_use > 1;

@@ -8,7 +8,7 @@ vmm_status vmm_arena_empty_cache(vmm_arena *a) {
   if (!a) return VMM_ERR_INVALID_ARGUMENT;
   pthread_mutex_lock(&a->lock);
   uint64_t held = a->physical_bytes;
-  vmm_status st = vmm_retaining(a) ? VMM_OK : vmm_cache_release(a, "vmm_arena_empty_cache");
+  vmm_status st = vmm_policy_of(a)->holds_until_finish ? VMM_OK : vmm_cache_release(a, "vmm_arena_empty_cache");
   /* the bytes released: nothing is created while the cache is emptied */
   vmm_trace_arena_op(a, VMM_TRACE_EMPTY_CACHE, -1, 0, held - a->physical_bytes, 0, NULL, 0, VMM_POOL_SHARED, st);
   vmm_ctx_leave(a);
@@ -30,8 +30,8 @@ static vmm_status free_kept(vmm_arena *a, vmm_pool_id pool) {
   for (bool again = true; again && st == VMM_OK;) {
     again = false;
     vmm_mapping *m;
-    vmm_table_foreach(&a->table, i, m) if (m->kept && m->pool == pool) {
-      st = vmm_mapping_free_paused(a, m, vmm_caching(a)); /* changes the table: look again */
+    vmm_table_foreach(&a->table, i, m) if (vmm_mapping_kept(m) && m->pool == pool) {
+      st = vmm_mapping_free_paused(a, m, vmm_policy_of(a)->keeps_frees); /* changes the table: look again */
       again = true;
       break;
     }

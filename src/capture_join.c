@@ -45,7 +45,7 @@ static bool add_markers(vmm_join *j, CUstream s, const CUgraphNode *deps, size_t
 void vmm_join_record(vmm_arena *a, vmm_join *j, vmm_pool_id pool, CUstream freeing, const CUstream *uses,
                      uint32_t n_uses) {
   j->capture = 0, j->n = 0;
-  if (!a->cfg.caching || !a->captures_underway || pool == VMM_POOL_SHARED || !has_queries(a)) return;
+  if (!vmm_policy_of(a)->joins_captures || !a->captures_underway || pool == VMM_POOL_SHARED || !has_queries(a)) return;
   cuuint64_t capture = 0;
   for (int64_t i = -1; i < (int64_t)n_uses; i++) {
     CUstream s = i < 0 ? freeing : uses[i];

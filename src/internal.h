@@ -125,6 +125,39 @@ typedef struct vmm_join {
   vmm_join_marker marks[VMM_JOIN_MARKERS];
 } vmm_join;
 
+/* Where a mapping record is, in each state (set only in mapping.c). Every record, in every
+ * state, is in the mapping table (a->table, by base) from vmm_mapping_insert_live until
+ * vmm_mapping_dispose, dissolve or hand_over; the other structures that can hold one are the
+ * pool (a bucket's list), the deferred list, a page set (through its page), an assembly's plan
+ * and a pause or resume's list. Retiring ranges, the idle tier and the unmapper hold ranges and
+ * handles, never records: a record whose range retires leaves the table (hand_over, split_off),
+ * and a revived range gets a new one. A record's graph pool (`pool`) is a field, not a place.
+ * Meaningful in every state: base, extent, kind, tag, reservation, scope_id, pool, handles
+ * (in address order; none while PAUSED), before (a tail, below).
+ *
+ *   LIVE       table only; a carved page (sub-state: `page` set) is also in its page set
+ *              (pages.c: the set's partial list while a slot is free). requested, stream (of
+ *              the request), uses (record_stream) are the allocation's.
+ *   POOLED     table + the pool: bucket, pool_next, pool_prev; stream, free_epoch, free_seq
+ *              and uses describe the free. Sub-states: "out of the pool" (bucket NULL: a hit,
+ *              an assembly or a drain has removed it and changes its state, or pushes it back,
+ *              before the lock is released; vmm_mapping_in_pool); "chosen" (in an assembly's
+ *              plan, p->apart[], during vmm_assemble only: `chosen`, and `early` where its range
+ *              is to retire mapped rather than be unmapped).
+ *   FREEING    table only: a free synchronizes `stream` with the lock released.
+ *   DEFERRED   table + the deferred list (a->deferred_head, linked by pool_next): freed on a
+ *              capturing `stream`, pooled or unmapped once the capture ends (stream_order.c).
+ *   ABANDONED  table only, still mapped: its scope was aborted; destroy unmaps it.
+ *   PAUSED     table only, no handles (unless a failed resume mapped them again), `backup`
+ *              set under VMM_PAUSE_BACKUP. Sub-state "kept" (vmm_mapping_kept): freed while its
+ *              graph's pool lives; no longer an allocation, its range the pool's until resume
+ *              pools it (LIVE and still kept for that moment, in the resume's call) or
+ *              release_pool frees it.
+ *   MOVING     table + the pause or resume call's list (pause.c), mapped: its contents are
+ *              copied to or from `backup` outside the lock.
+ *
+ * Orthogonal to the state: a tail (`before` non-zero: split off in place after the mapping at
+ * `before` by a run hit, merged back when both are pooled; vmm_mapping_tail). */
 typedef enum vmm_mapping_state {
   VMM_MAP_LIVE,      /* handed out */
   VMM_MAP_POOLED,    /* idle in the pool, still mapped */
@@ -158,15 +191,20 @@ typedef struct vmm_mapping {
   vmm_handle *first;
   struct vmm_mapping *pool_next, *pool_prev; /* bucket list while POOLED; deferred list while DEFERRED */
   struct vmm_bucket *bucket;
-  bool chosen;            /* picked by the assembly being planned (only during vmm_assemble) */
+  bool chosen;            /* POOLED, in the plan of the assembly under way (only during vmm_assemble) */
   bool early;             /* chosen before its free's work was known complete: its range retires */
-  bool tail;              /* split off in place after another mapping by an in-place hit: merged back
-                             with the one before it when both are pooled */
-  CUdeviceptr before;     /* a tail: the base of the mapping it was split off after */
+  CUdeviceptr before;     /* a tail, split off in place after the mapping at `before` by a run hit
+                             (merged back with it when both are pooled); 0: not a tail */
   void *backup;           /* host copy of a paused allocation's contents (VMM_PAUSE_BACKUP; backup.c) */
-  bool kept;              /* PAUSED and freed: its live graph pool keeps the range; resume pools it */
+  bool kept;              /* PAUSED and freed: its live graph pool keeps the range; resume pools it
+                             (read through vmm_mapping_kept; cleared by vmm_pool_kept) */
   vmm_join join;          /* free markers of its latest free, if that came during a capture */
 } vmm_mapping;
+
+/* The sub-states of the comment above vmm_mapping_state, one accessor each. */
+static inline bool vmm_mapping_kept(const vmm_mapping *m) { return m->kept; }
+static inline bool vmm_mapping_in_pool(const vmm_mapping *m) { return m->state == VMM_MAP_POOLED && m->bucket; }
+static inline bool vmm_mapping_tail(const vmm_mapping *m) { return m->before != 0; }
 
 /* ---- Handles (handle.c) --------------------------------------------------------------- */
 
@@ -264,7 +302,7 @@ VMM_INTERNAL vmm_status vmm_mapping_free_paused(vmm_arena *a, vmm_mapping *m, bo
 VMM_INTERNAL void vmm_mapping_keep(vmm_mapping *m);
 /* Whether m is a live or paused allocation (a free or record_stream may name it). */
 static inline bool vmm_mapping_allocated(const vmm_mapping *m) {
-  return m->state == VMM_MAP_LIVE || (m->state == VMM_MAP_PAUSED && !m->kept);
+  return m->state == VMM_MAP_LIVE || (m->state == VMM_MAP_PAUSED && !vmm_mapping_kept(m));
 }
 /* Unmaps and releases everything of m, logging failures (destroy only). */
 VMM_INTERNAL void vmm_mapping_destroy(vmm_arena *a, vmm_mapping *m);
@@ -558,24 +596,82 @@ struct vmm_arena {
 };
 
 static inline bool vmm_retaining(const vmm_arena *a) { return a->scope == VMM_SCOPE_ACTIVE && a->retention_enabled; }
-/* Whether a free keeps its memory: inside a retaining scope, and always in whole-process mode. */
-static inline bool vmm_caching(const vmm_arena *a) { return a->cfg.caching || vmm_retaining(a); }
-/* Whether freed memory of `kind` is pooled still mapped where frees keep their memory: transient
- * always; package outside a retaining scope, and in whole-process mode inside one too (a free
- * there never waits for its stream: it may be capturing); otherwise it becomes idle handles. */
-static inline bool vmm_frees_to_pool(const vmm_arena *a, vmm_kind kind) {
-  return kind == VMM_KIND_TRANSIENT || !vmm_retaining(a) || a->cfg.caching;
-}
-/* Whole-process mode, in a scope and out of one: cached memory up to 1/32 of a request larger
- * than it serves it, where a driver call would be made otherwise (an assembly's last handle, a
- * pooled mapping or a run of one's handles). MemPool mode keeps the reuse policy's sizes. */
+
+/* ---- Policy (policy.c): what each mode decides, in one table ---------------------------- */
+/* Four modes, chosen by two bools: whole-process mode (vmm_config.caching, set by
+ * vmmarena.install()) or not, and a retaining scope active (vmm_retaining) or not. MemPool
+ * mode and the plain C API are the `plain` column outside a scope and `retain` inside one;
+ * whole-process mode is `process` outside a scope and `scope` inside one. Every decision that
+ * differs between the modes asks its row (vmm_policy_of) for a field of this table; nothing else
+ * tests the mode. A setting named in a comment applies where the field is 1 (it is read at the
+ * site). Columns: type, field, plain, retain, process, scope; then what the field decides. */
 #define VMM_OVERSHOOT_SHARE 32
-static inline size_t vmm_pooled_overshoot(const vmm_arena *a, size_t rounded) {
-  return a->cfg.caching ? rounded / VMM_OVERSHOOT_SHARE : 0;
+#define VMM_POLICY_TABLE(X)                                                                                   \
+  /* A free keeps its physical memory (pooled, or idle handles) and a miss is assembled from what was   */    \
+  /* kept (VMMARENA_REUSE not none), new memory only for the rest; else a free releases, a miss creates. */   \
+  X(bool, keeps_frees, 0, 1, 1, 1)                                                                            \
+  /* A transient free is pooled, still mapped, with no driver call.                                     */    \
+  X(bool, pools_transient, 0, 1, 1, 1)                                                                        \
+  /* A package free is pooled, still mapped; else it is unmapped after a synchronize of its stream,     */    \
+  /* its handles kept idle where keeps_frees, released otherwise.                                       */    \
+  X(bool, pools_package, 0, 0, 1, 1)                                                                          \
+  /* Nothing is released before finish: empty_cache releases nothing, a pause keeps its handles idle,   */    \
+  /* and a package miss is assembled only under VMMARENA_PACKAGE_ASSEMBLY (else always, where kept).     */   \
+  X(bool, holds_until_finish, 0, 1, 0, 1)                                                                     \
+  /* A free never waits on the host: only a shared-pool free on a capturing stream while a capture is   */    \
+  /* underway is deferred, and pooled with no synchronize once the capture ends; else a free that is    */    \
+  /* not pooled asks whether its stream captures, and a deferred free is synchronized, then unmapped.   */    \
+  X(bool, free_never_waits, 0, 0, 1, 1)                                                                       \
+  /* A request on another stream is ordered after an incomplete free by an event only as its last       */    \
+  /* resort (or under VMMARENA_STREAM_ORDER=event); else always, so that a pooled mapping is usable.    */    \
+  X(bool, orders_by_event_last, 0, 0, 1, 1)                                                                   \
+  /* Requests of at most half a granule are slots carved from one-granule pages (pages.c).               */   \
+  X(bool, carves_pages, 0, 0, 1, 1)                                                                           \
+  /* Cached memory up to 1/N larger than a request serves it (an exact pool hit, a run, an assembly's   */    \
+  /* last handle) where a driver call would be made otherwise; 0: only the reuse policy's sizes.         */   \
+  X(size_t, overshoot_share, 0, 0, VMM_OVERSHOOT_SHARE, VMM_OVERSHOOT_SHARE)                                  \
+  /* A run of a larger pooled mapping's handles serves in place (exact reuse), the rest stays pooled,   */    \
+  /* and a piece being pooled merges back with its pooled neighbours (tails).                            */   \
+  X(bool, splits_in_place, 0, 0, 1, 1)                                                                        \
+  /* The allocation path never waits: a pooled mapping is taken apart once its free is known complete, */    \
+  /* or early (ordered by event), its old range retiring mapped, and retired ranges serve again; else   */    \
+  /* its freeing stream is synchronized and it is unmapped.                                              */   \
+  X(bool, retires_taken_apart, 0, 0, 1, 1)                                                                    \
+  /* A live graph's pool keeps its memory: its pooled mappings are taken apart only by its requests, a  */    \
+  /* paused one freed keeps its range, and its request may take shared memory whose free is complete.   */    \
+  X(bool, graph_pools_keep, 0, 0, 1, 1)                                                                       \
+  /* A request refused new memory releases the whole cache and is tried once more.                       */   \
+  X(bool, releases_on_refusal, 0, 0, 1, 0)                                                                    \
+  /* A miss may grow a pooled mapping where it is mapped, ranges placed with free VA on both sides       */   \
+  /* (VMMARENA_GROW).                                                                                    */   \
+  X(bool, grows_in_place, 0, 0, 1, 1)                                                                         \
+  /* A miss that would map several cached handles may get new memory instead (VMMARENA_REFILL).          */   \
+  X(bool, refills, 0, 0, 1, 1)                                                                                \
+  /* Inside a capture, memory of a graph's pool freed on a stream that the request's stream has since  */   \
+  /* joined serves it (free markers, capture_join.c); else it waits for the capture's end.              */   \
+  X(bool, joins_captures, 0, 0, 1, 1)                                                                         \
+  /* Memory is created exportable to other processes (CUDA IPC) where the driver allows (at creation).  */    \
+  X(bool, exports_handles, 0, 0, 1, 1)
+
+#define VMM_POLICY_FIELD_(type, field, plain, retain, process, scope) type field;
+typedef struct vmm_policy {
+  VMM_POLICY_TABLE(VMM_POLICY_FIELD_)
+} vmm_policy;
+#undef VMM_POLICY_FIELD_
+
+/* The rows: [whole-process mode][retaining scope active]. */
+VMM_INTERNAL extern const vmm_policy vmm_policies[2][2];
+/* The row of a's mode now (a scope begun or ended changes it). */
+static inline const vmm_policy *vmm_policy_of(const vmm_arena *a) {
+  return &vmm_policies[a->cfg.caching != 0][vmm_retaining(a)];
 }
-/* Whole-process mode with VMMARENA_GROW on: a miss may grow a pooled mapping in place
- * (assembly.c), and ranges are placed with free VA on both sides (ranges.c). */
-static inline bool vmm_grows_in_place(const vmm_arena *a) { return a->cfg.caching && a->cfg.grow_in_place; }
+/* Whether a free of `kind` is pooled, still mapped. */
+static inline bool vmm_policy_pools(const vmm_policy *p, vmm_kind kind) {
+  return kind == VMM_KIND_TRANSIENT ? p->pools_transient : p->pools_package;
+}
+/* Whether a miss may grow a pooled mapping in place (assembly.c) and ranges are placed with free
+ * VA on both sides (ranges.c). */
+static inline bool vmm_grows_in_place(const vmm_arena *a) { return vmm_policy_of(a)->grows_in_place && a->cfg.grow_in_place; }
 static inline size_t vmm_round_up(const vmm_arena *a, size_t bytes) {
   return (bytes + a->granularity - 1) & ~(a->granularity - 1);
 }

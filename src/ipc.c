@@ -37,7 +37,7 @@ typedef struct vmm_ipc_import {
 static bool ipc_supported(const vmm_arena *a) { return a->drv->version >= 4; }
 
 void vmm_ipc_init(vmm_arena *a) {
-  if (a->cfg.caching && ipc_supported(a)) a->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  if (vmm_policy_of(a)->exports_handles && ipc_supported(a)) a->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 }
 
 int vmm_arena_ipc_exportable(vmm_arena *a) {

@@ -145,7 +145,7 @@ static bool join(vmm_arena *a, vmm_mapping *m, vmm_mapping *t) {
  * call. */
 static void absorb_tail(vmm_arena *a, vmm_mapping *m, CUstream stream) {
   vmm_mapping *t = vmm_table_find(&a->table, m->base + m->extent);
-  if (!t || !t->tail || !joinable(m, t, stream)) return;
+  if (!t || !vmm_mapping_tail(t) || !joinable(m, t, stream)) return;
   vmm_pool_remove(&a->store.pool, t);
   if (!join(a, m, t)) (void)vmm_pool_push(&a->store.pool, t); /* its bucket went to the spare list */
 }
@@ -154,7 +154,7 @@ static void absorb_tail(vmm_arena *a, vmm_mapping *m, CUstream stream) {
  * if that one still ends where the tail begins. Returns the mapping to pool (m, or the one it
  * joined, out of the pool). A spare bucket must be reserved. */
 static vmm_mapping *join_before(vmm_arena *a, vmm_mapping *m, CUstream stream) {
-  vmm_mapping *h = m->tail ? vmm_table_find(&a->table, m->before) : NULL;
+  vmm_mapping *h = vmm_mapping_tail(m) ? vmm_table_find(&a->table, m->before) : NULL;
   if (!h || h->base + h->extent != m->base || m->use_count || !joinable(m, h, stream)) return m;
   vmm_pool_remove(&a->store.pool, h);
   if (join(a, h, m)) return h;
@@ -163,8 +163,9 @@ static vmm_mapping *join_before(vmm_arena *a, vmm_mapping *m, CUstream stream) {
 }
 
 int vmm_mapping_pool(vmm_arena *a, vmm_mapping *m, CUstream stream) {
-  if (a->cfg.caching) absorb_tail(a, m, stream);
-  if (a->cfg.caching && vmm_pool_reserve(&a->store.pool, 1) == 0) m = join_before(a, m, stream);
+  bool merges = vmm_policy_of(a)->splits_in_place;
+  if (merges) absorb_tail(a, m, stream);
+  if (merges && vmm_pool_reserve(&a->store.pool, 1) == 0) m = join_before(a, m, stream);
   CUstream old_stream = m->stream;
   uint64_t old_epoch = m->free_epoch;
   m->stream = stream;
@@ -298,8 +299,7 @@ static vmm_mapping *part_record(const vmm_mapping *m, uint32_t k, uint32_t n, si
   t->free_epoch = m->free_epoch, t->free_seq = m->free_seq;
   t->join = m->join;
   t->state = VMM_MAP_POOLED;
-  t->tail = true;
-  t->before = m->base + before;
+  t->before = m->base + before; /* a tail: m->base is never 0 */
   return t;
 }
 

@@ -144,8 +144,9 @@ static vmm_status pause_one(vmm_arena *a, vmm_mapping *m, void *backup) {
   vmm_status st = vmm_mapping_unmap(a, m, "pause");
   if (st != VMM_OK) return st;
   vmm_mapping_pause(a, m, backup);
-  if (!vmm_retaining(a)) vmm_retiring_unmap_holding(a, m->handles, m->handle_count, "pause"); /* released next */
-  return vmm_mapping_drop_handles(a, m, vmm_retaining(a));
+  bool holds = vmm_policy_of(a)->holds_until_finish;
+  if (!holds) vmm_retiring_unmap_holding(a, m->handles, m->handle_count, "pause"); /* released next */
+  return vmm_mapping_drop_handles(a, m, holds);
 }
 
 /* Under the lock again: pauses the MOVING allocations in address order while nothing has
@@ -226,7 +227,7 @@ static vmm_status map_run(vmm_arena *a, call *c, size_t *resumed, uint64_t *byte
     } else {
       vmm_mapping_resume(a, m);
       (*resumed)++, *bytes += m->extent;
-      if (m->kept && (st = vmm_pool_kept(a, m)) != VMM_OK) return st; /* freed while paused: the graph's */
+      if (vmm_mapping_kept(m) && (st = vmm_pool_kept(a, m)) != VMM_OK) return st; /* freed while paused: the graph's */
     }
   }
   *all = true;

@@ -154,7 +154,7 @@ static int check_bucket(const vmm_avl *n, size_t *buckets, size_t *count, size_t
   if (!b->head || b->count == 0) return snprintf(why, cap, "empty pool bucket of %zu bytes", b->size), -1;
   size_t c = 0;
   for (const vmm_mapping *m = b->head; m; m = m->pool_next) {
-    if (m->extent != b->size || m->bucket != b || m->state != VMM_MAP_POOLED)
+    if (m->extent != b->size || !vmm_mapping_in_pool(m) || m->bucket != b)
       return snprintf(why, cap, "pooled mapping 0x%llx misfiled in bucket %zu", (unsigned long long)m->base, b->size), -1;
     if (m->pool_next && m->pool_next->pool_prev != m) return snprintf(why, cap, "bucket %zu list broken", b->size), -1;
     *handles += m->handle_count;

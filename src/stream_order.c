@@ -59,7 +59,7 @@ static bool order_after(vmm_reuse_ctx *c, CUstream s) {
 }
 
 vmm_reuse_ctx vmm_reuse_on(vmm_arena *a, CUstream stream, bool last_resort) {
-  return (vmm_reuse_ctx){a, stream, -1, !a->cfg.caching || a->cfg.order_by_event || last_resort};
+  return (vmm_reuse_ctx){a, stream, -1, !vmm_policy_of(a)->orders_by_event_last || a->cfg.order_by_event || last_resort};
 }
 
 static bool stream_done(vmm_arena *a, CUstream s, uint64_t seq);
@@ -265,7 +265,7 @@ void vmm_process_deferred(vmm_arena *a) {
   vmm_mapping **link = &a->deferred_head;
   while (*link) {
     vmm_mapping *m = *link;
-    bool pool = a->cfg.caching && vmm_frees_to_pool(a, m->kind); /* pooled: reuse is ordered by events, no wait */
+    bool pool = vmm_policy_of(a)->free_never_waits; /* pooled: reuse is ordered by events, no wait */
     if (vmm_stream_capturing(a, m->stream) || (!pool && VMM_DRV(a, stream_synchronize, m->stream) != CUDA_SUCCESS)) {
       link = &m->pool_next;
       continue;
@@ -274,7 +274,7 @@ void vmm_process_deferred(vmm_arena *a) {
     m->pool_next = NULL;
     if (pool && vmm_mapping_pool(a, m, m->stream) == 0) continue;
     bool unmapped;
-    if (vmm_mapping_retire(a, m, vmm_caching(a), "a deferred free", &unmapped) != VMM_OK && !unmapped) {
+    if (vmm_mapping_retire(a, m, vmm_policy_of(a)->keeps_frees, "a deferred free", &unmapped) != VMM_OK && !unmapped) {
       /* The unmap failed: keep it deferred for the next attempt. */
       m->pool_next = *link;
       *link = m;
