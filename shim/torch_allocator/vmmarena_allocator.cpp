@@ -99,6 +99,7 @@ struct History {
   std::vector<std::vector<TraceEntry>> traces;  // per device
   std::vector<size_t> next;                     // the oldest entry once a ring is full
   std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts;
+  std::string user_metadata;  // torch.cuda.memory._set_memory_metadata: on every entry from then on
 };
 
 // A checkpoint of a pool for cudagraph trees: the shim's list of the pool's live allocations.
@@ -195,11 +196,26 @@ class Allocator final : public cca::CUDAAllocator {
     // A pool's own cache (~MemPool empties it after its release) joined the shared cache when
     // the pool was released: there is nothing of it left to give back on its own.
     if (mempool_id.first != 0 || mempool_id.second != 0) return;
+    bool history = history_.enabled.load();
+    std::vector<std::vector<std::pair<uintptr_t, size_t>>> before;
+    if (history)
+      for (int device = 0; device < std::max(device_count_, 1); device++) before.push_back(segment_extents(device));
     try {
       vmm_torch_process_empty_cache();
     } catch (const std::exception& e) {
       TORCH_CHECK(false, std::string(e.what()));
     }
+    if (history) trace_segments_freed(before, gather(cca::RecordContext::ALL));
+  }
+
+  void setUserMetadata(const std::string& metadata) override {
+    std::lock_guard<std::mutex> hold(history_.lock);
+    history_.user_metadata = metadata;
+  }
+
+  std::string getUserMetadata() override {
+    std::lock_guard<std::mutex> hold(history_.lock);
+    return history_.user_metadata;
   }
 
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
@@ -379,12 +395,12 @@ class Allocator final : public cca::CUDAAllocator {
     history_.skip.fill(false);
     for (const std::string& action : skip_actions)
       history_.skip[static_cast<size_t>(c10::CachingDeviceAllocator::parseTraceEntryAction(action))] = true;
-    if (clear_history) {
+    if (!enabled || clear_history) {  // as PyTorch's allocator: turning the history off clears it
       history_.traces.clear();
       history_.next.clear();
     }
     if (!enabled) history_.contexts.clear();
-    history_.enabled.store(enabled && when != cca::RecordContext::NEVER);
+    history_.enabled.store(enabled);  // with context NEVER the entries are kept, without frames (as PyTorch)
   }
 
   void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override {
@@ -549,12 +565,44 @@ class Allocator final : public cca::CUDAAllocator {
     }
     auto& ring = history_.traces[device];
     TraceEntry entry(action, static_cast<c10::DeviceIndex>(device), addr, size, stream, MempoolId_t{0, 0},
-                     c10::getApproximateTime(), std::move(context));
+                     c10::getApproximateTime(), std::move(context), "", history_.user_metadata);
     if (ring.size() < history_.max_entries) {
       ring.push_back(std::move(entry));
     } else {
       ring[history_.next[device]] = std::move(entry);
       history_.next[device] = (history_.next[device] + 1) % ring.size();
+    }
+  }
+
+  // The (address, extent) of each mapping of `device`, sorted by address.
+  std::vector<std::pair<uintptr_t, size_t>> segment_extents(int device) {
+    std::vector<vmm_torch_segment> segs(64);
+    std::vector<vmm_torch_block> blocks(256);
+    size_t n_seg = 0, n_block = 0;
+    char why[kMessageCap];
+    for (int attempt = 0; attempt < 8; attempt++) {
+      if (vmm_torch_native_segments(device, 0, 0, segs.data(), segs.size(), &n_seg, blocks.data(), blocks.size(),
+                                    &n_block, why, sizeof why) != kVmmOk)
+        return {};
+      if (n_seg <= segs.size() && n_block <= blocks.size()) break;
+      segs.resize(n_seg + 64);
+      blocks.resize(n_block + 256);
+    }
+    std::vector<std::pair<uintptr_t, size_t>> out;
+    for (size_t i = 0; i < n_seg && i < segs.size(); i++) out.emplace_back(segs[i].address, segs[i].size);
+    return out;
+  }
+
+  // A segment_free entry for each mapping of `before` that empty_cache gave back, with the
+  // context of the call (PyTorch records one there where the history records everything).
+  void trace_segments_freed(const std::vector<std::vector<std::pair<uintptr_t, size_t>>>& before,
+                            std::shared_ptr<c10::GatheredContext> context) {
+    for (size_t device = 0; device < before.size(); device++) {
+      std::vector<std::pair<uintptr_t, size_t>> after = segment_extents(static_cast<int>(device));
+      std::lock_guard<std::mutex> hold(history_.lock);
+      for (const auto& seg : before[device])
+        if (!std::binary_search(after.begin(), after.end(), seg))
+          trace(TraceEntry::SEGMENT_FREE, static_cast<int>(device), seg.first, seg.second, nullptr, context);
     }
   }
 
