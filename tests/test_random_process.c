@@ -238,8 +238,10 @@ static void op_control(model *m) {
 /* The model's run; with a refill share (VMMARENA_REFILL=below-peak:F) misses below the
  * high-water mark get new memory in place of several cached handles; with `background` the
  * arena's thread unmaps retired ranges (the calls' order then varies from run to run); with
- * `grow` (the default configuration) pooled mappings grow in place, in ranges spread apart. */
-static void run_model(double refill, int background, int grow) {
+ * `grow` (the default configuration) pooled mappings grow in place, in ranges spread apart;
+ * with `by_event` (VMMARENA_STREAM_ORDER=event) a request on another stream is ordered after an
+ * incomplete free by an event instead of waiting for the free to be known complete. */
+static void run_model(double refill, int background, int grow, int by_event) {
   fake_driver_reset(NULL);
   vmm_config c = tu_config();
   c.caching = 1;
@@ -247,6 +249,7 @@ static void run_model(double refill, int background, int grow) {
   c.refill_share = refill;
   c.unmap_in_background = background;
   c.grow_in_place = grow;
+  c.order_by_event = by_event;
   const char *seed = getenv("VMMARENA_SEED");
   model m = {.a = tu_arena(NULL, &c), .rng = seed ? strtoull(seed, NULL, 0) : DEFAULT_SEED};
   const char *env = getenv("VMMARENA_RANDOM_PROCESS_OPS");
@@ -264,17 +267,19 @@ static void run_model(double refill, int background, int grow) {
   }
   vmm_snapshot s;
   assert_int_equal(vmm_arena_snapshot(m.a, &s), VMM_OK);
-  printf("whole-process model (refill share %.1f, growth %s): %llu prefix hits, %llu ranges served again (%llu of "
-         "them runs), %llu taken apart early, %llu refills, %llu grown in place; the timeline judged %zu kernels "
+  printf("whole-process model (refill share %.1f, growth %s, stream order %s): %llu prefix hits, %llu ranges served again (%llu of "
+         "them runs), %llu taken apart early, %llu refills, %llu grown in place, %llu stream waits; the timeline judged %zu kernels "
          "(%zu graph replays) on 3 streams, no violation\n",
-         refill, grow ? "on" : "off", (unsigned long long)s.prefix_hits, (unsigned long long)s.revived_ranges,
+         refill, grow ? "on" : "off", by_event ? "event" : "completed", (unsigned long long)s.prefix_hits, (unsigned long long)s.revived_ranges,
          (unsigned long long)s.revived_runs, (unsigned long long)s.pooled_taken_apart_early,
-         (unsigned long long)s.refills, (unsigned long long)s.grown_in_place, m.kernels, m.replays);
+         (unsigned long long)s.refills, (unsigned long long)s.grown_in_place,
+         (unsigned long long)s.driver[VMM_DRV_stream_wait_event].calls, m.kernels, m.replays);
   /* the default run takes every path (another seed may miss a rare one: they are its figures) */
   if (steps >= STEPS && !seed) assert_true(s.prefix_hits > 0 && s.revived_ranges > 0 && s.revived_runs > 0);
   if (steps >= STEPS) assert_true(grow ? s.grown_in_place > 0 : s.grown_in_place == 0);
   if (steps >= STEPS) assert_true(refill > 0.0 ? s.refills > 0 : s.refills == 0);
   if (steps >= STEPS) assert_true(background ? s.unmapped_in_background > 0 : s.unmapped_in_background == 0);
+  if (steps >= STEPS && by_event) assert_true(s.driver[VMM_DRV_stream_wait_event].calls > 0); /* the path ran */
   if (m.capture) {
     fake_set_capturing(TU_STREAM(1), 0);
     assert_int_equal(vmm_arena_capture_end(m.a, m.capture), VMM_OK);
@@ -298,26 +303,32 @@ static void run_model(double refill, int background, int grow) {
 
 static void random_operations(void **state) {
   (void)state;
-  run_model(0.0, 0, 1);
+  run_model(0.0, 0, 1, 0);
 }
 
 static void random_operations_packed_and_never_grown(void **state) {
   (void)state;
-  run_model(0.0, 0, 0);
+  run_model(0.0, 0, 0, 0);
 }
 
 static void random_operations_with_refill(void **state) {
   (void)state;
-  run_model(0.9, 0, 1);
+  run_model(0.9, 0, 1, 0);
 }
 
 static void random_operations_unmapping_in_the_background(void **state) {
   (void)state;
-  run_model(0.0, 1, 1);
+  run_model(0.0, 1, 1, 0);
+}
+
+static void random_operations_ordered_by_event(void **state) {
+  (void)state;
+  run_model(0.0, 0, 1, 1);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(random_operations),
+                                     cmocka_unit_test(random_operations_ordered_by_event),
                                      cmocka_unit_test(random_operations_packed_and_never_grown),
                                      cmocka_unit_test(random_operations_with_refill),
                                      cmocka_unit_test(random_operations_unmapping_in_the_background)};
