@@ -49,10 +49,10 @@ typedef struct vmm_id_set {
   size_t count, cap;
 } vmm_id_set;
 
-VMM_INTERNAL bool vmm_id_set_has(const vmm_id_set *s, uint64_t id);
+VMM_INTERNAL bool vmm_ids_has(const vmm_id_set *s, uint64_t id);
 /* Adds id (a no-op if present); -1 on host out-of-memory, nothing changed. */
-VMM_INTERNAL int vmm_id_set_add(vmm_id_set *s, uint64_t id);
-VMM_INTERNAL void vmm_id_set_fini(vmm_id_set *s);
+VMM_INTERNAL int vmm_ids_add(vmm_id_set *s, uint64_t id);
+VMM_INTERNAL void vmm_ids_fini(vmm_id_set *s);
 
 #define vmm_container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
 
@@ -127,7 +127,7 @@ typedef struct vmm_join {
 
 /* Where a mapping record is, in each state (set only in mapping.c). Every record, in every
  * state, is in the mapping table (a->table, by base) from vmm_mapping_insert_live until
- * vmm_mapping_dispose, dissolve or hand_over; the other structures that can hold one are the
+ * vmm_mapping_end_unmapped, dissolve or hand_over; the other structures that can hold one are the
  * pool (a bucket's list), the deferred list, a page set (through its page), an assembly's plan
  * and a pause or resume's list. Retiring ranges, the idle tier and the unmapper hold ranges and
  * handles, never records: a record whose range retires leaves the table (hand_over, split_off),
@@ -142,7 +142,7 @@ typedef struct vmm_join {
  *              and uses describe the free. Sub-states: "out of the pool" (bucket NULL: a hit,
  *              an assembly or a drain has removed it and changes its state, or pushes it back,
  *              before the lock is released; vmm_mapping_in_pool); "chosen" (in an assembly's
- *              plan, p->apart[], during vmm_assemble only: `chosen`, and `early` where its range
+ *              plan, p->apart[], during vmm_assembly_build only: `chosen`, and `early` where its range
  *              is to retire mapped rather than be unmapped).
  *   FREEING    table only: a free synchronizes `stream` with the lock released.
  *   DEFERRED   table + the deferred list (a->deferred_head, linked by pool_next): freed on a
@@ -182,7 +182,7 @@ typedef struct vmm_mapping {
   CUstream stream;        /* stream of the latest alloc or free */
   uint64_t free_epoch;    /* arena quiesce epoch at the latest free */
   uint64_t free_seq;      /* the arena's count of pooled frees at its latest free (fences) */
-  vmm_pool_id pool;       /* the pool it belongs to (VMM_POOL_SHARED: none) */
+  vmm_pool_id graph_pool;       /* the pool it belongs to (VMM_POOL_SHARED: none) */
   struct vmm_page *page;  /* the page carved from it (pages.c), or NULL */
   CUstream *uses;         /* streams added by vmm_arena_record_stream (heap array), ordered before reuse */
   uint32_t use_count;
@@ -191,13 +191,13 @@ typedef struct vmm_mapping {
   vmm_handle *first;
   struct vmm_mapping *pool_next, *pool_prev; /* bucket list while POOLED; deferred list while DEFERRED */
   struct vmm_bucket *bucket;
-  bool chosen;            /* POOLED, in the plan of the assembly under way (only during vmm_assemble) */
+  bool chosen;            /* POOLED, in the plan of the assembly under way (only during vmm_assembly_build) */
   bool early;             /* chosen before its free's work was known complete: its range retires */
   CUdeviceptr before;     /* a tail, split off in place after the mapping at `before` by a run hit
                              (merged back with it when both are pooled); 0: not a tail */
   void *backup;           /* host copy of a paused allocation's contents (VMM_PAUSE_BACKUP; backup.c) */
   bool kept;              /* PAUSED and freed: its live graph pool keeps the range; resume pools it
-                             (read through vmm_mapping_kept; cleared by vmm_pool_kept) */
+                             (read through vmm_mapping_kept; cleared by vmm_arena_free_kept) */
   vmm_join join;          /* free markers of its latest free, if that came during a capture */
 } vmm_mapping;
 
@@ -223,12 +223,12 @@ VMM_INTERNAL vmm_status vmm_handle_release(vmm_arena *a, vmm_handle *h);
 /* An empty record (no handles), or NULL. */
 VMM_INTERNAL vmm_mapping *vmm_mapping_new(void);
 /* Frees the record and its backup, not its handles. */
-VMM_INTERNAL void vmm_mapping_free(vmm_mapping *m);
+VMM_INTERNAL void vmm_mapping_free_record(vmm_mapping *m);
 /* qsort order of mapping record pointers: ascending base address. */
 VMM_INTERNAL int vmm_mapping_by_base(const void *x, const void *y);
 /* Maps handles back to back at base and grants access; undoes itself on failure (a handle
  * whose undo unmap fails is kept stuck). *failed names the entry point that failed. */
-VMM_INTERNAL CUresult vmm_map_handles(vmm_arena *a, CUdeviceptr base, vmm_handle *const *h, uint32_t n, size_t extent,
+VMM_INTERNAL CUresult vmm_mapping_map_handles(vmm_arena *a, CUdeviceptr base, vmm_handle *const *h, uint32_t n, size_t extent,
                                       vmm_driver_entry *failed);
 /* Gives m the handles in slots (a heap array of n, kept when n > 1, freed when n == 1). */
 VMM_INTERNAL void vmm_mapping_attach(vmm_mapping *m, vmm_handle **slots, uint32_t n);
@@ -245,7 +245,7 @@ VMM_INTERNAL int vmm_mapping_add_use(vmm_mapping *m, CUstream stream);
 /* LIVE -> POOLED, freed on `stream` at the current quiesce epoch. -1 (nothing changed) when
  * no bucket could be allocated. */
 VMM_INTERNAL int vmm_mapping_pool(vmm_arena *a, vmm_mapping *m, CUstream stream);
-/* LIVE -> DEFERRED (freed on a capturing stream; see vmm_deferred_push). */
+/* LIVE -> DEFERRED (freed on a capturing stream; see vmm_order_deferred_push). */
 VMM_INTERNAL void vmm_mapping_defer(vmm_arena *a, vmm_mapping *m, CUstream stream);
 /* LIVE -> FREEING while a free synchronizes its stream unlocked, and back. */
 VMM_INTERNAL void vmm_mapping_begin_freeing(vmm_arena *a, vmm_mapping *m);
@@ -270,18 +270,18 @@ VMM_INTERNAL vmm_status vmm_mapping_drop_handles(vmm_arena *a, vmm_mapping *m, b
 /* After the unmap: m leaves the counters, the table and its range (less the stuck pieces of
  * a failed map from index first_stuck on); its handles go as vmm_mapping_drop_handles says;
  * the record is freed. */
-VMM_INTERNAL vmm_status vmm_mapping_dispose(vmm_arena *a, vmm_mapping *m, bool retain, size_t first_stuck);
+VMM_INTERNAL vmm_status vmm_mapping_end_unmapped(vmm_arena *a, vmm_mapping *m, bool retain, size_t first_stuck);
 /* Pooled m (out of the pool), taken whole by an assembly that grows it in place: its record
  * leaves the counters and the table and is freed; its range stays mapped and its handles
  * attached to nothing, for the grown mapping to take. No driver call. */
-VMM_INTERNAL void vmm_mapping_dissolve(vmm_arena *a, vmm_mapping *m);
+VMM_INTERNAL void vmm_mapping_end_into_grown(vmm_arena *a, vmm_mapping *m);
 /* The one retire: unmap, then dispose. *unmapped says whether the unmap happened. */
-VMM_INTERNAL vmm_status vmm_mapping_retire(vmm_arena *a, vmm_mapping *m, bool retain, const char *what, bool *unmapped);
+VMM_INTERNAL vmm_status vmm_mapping_unmap_and_end(vmm_arena *a, vmm_mapping *m, bool retain, const char *what, bool *unmapped);
 /* Pooled m's handles not NULL'ed by an assembly are kept idle while its range stays mapped:
  * m leaves the counters and the table, and its range and the work of its free (its uses
  * array) go to *range for vmm_retiring_add. */
 struct vmm_retiring_range;
-VMM_INTERNAL void vmm_mapping_hand_over(vmm_arena *a, vmm_mapping *m, struct vmm_retiring_range *range);
+VMM_INTERNAL void vmm_mapping_end_retiring(vmm_arena *a, vmm_mapping *m, struct vmm_retiring_range *range);
 /* Pooled m (out of the pool) gave its first k handles to an assembly: they leave m, whose
  * range now starts after them; *range is the part before, for vmm_retiring_add, its work m's
  * free with `uses` (the caller's copy of m's uses, which the range then owns; NULL when m has
@@ -296,7 +296,7 @@ VMM_INTERNAL void vmm_mapping_split_off(vmm_arena *a, vmm_mapping *m, uint32_t k
 VMM_INTERNAL vmm_mapping *vmm_mapping_split_run(vmm_arena *a, vmm_mapping *m, uint32_t first, uint32_t count,
                                                 vmm_mapping **after);
 /* Frees a paused allocation: no driver call where it holds no memory; its range returns. */
-VMM_INTERNAL vmm_status vmm_mapping_free_paused(vmm_arena *a, vmm_mapping *m, bool retain);
+VMM_INTERNAL vmm_status vmm_mapping_end_paused(vmm_arena *a, vmm_mapping *m, bool retain);
 /* PAUSED m, unmapped, freed while its graph's pool lives: it becomes `kept` (no longer an
  * allocation), its backup freed; it stays PAUSED under its tag so that resume maps it back. */
 VMM_INTERNAL void vmm_mapping_keep(vmm_mapping *m);
@@ -366,38 +366,38 @@ typedef struct vmm_store {
 /* Returns true if `m` may be handed to `stream`; may order `stream` after m's free. */
 typedef bool (*vmm_pool_usable_fn)(void *ctx, vmm_mapping *m);
 
-VMM_INTERNAL int vmm_pool_push(vmm_pool *p, vmm_mapping *m);
+VMM_INTERNAL int vmm_store_pool_push(vmm_pool *p, vmm_mapping *m);
 /* A pooled mapping larger than `bytes` in which *count handles from *first on make from `bytes`
  * to `most` bytes, usable (looking at a bounded number of candidates, smallest buckets first; in
  * each, the first such run); removed and returned, or NULL. */
-VMM_INTERNAL vmm_mapping *vmm_pool_take_run(vmm_pool *p, size_t bytes, size_t most, vmm_pool_usable_fn usable,
+VMM_INTERNAL vmm_mapping *vmm_store_pool_take_run(vmm_pool *p, size_t bytes, size_t most, vmm_pool_usable_fn usable,
                                             void *ctx, uint32_t *first, uint32_t *count);
 /* At least n buckets on the spare list, so that the next n pushes cannot fail: -1 on host OOM. */
-VMM_INTERNAL int vmm_pool_reserve(vmm_pool *p, size_t n);
-VMM_INTERNAL void vmm_pool_remove(vmm_pool *p, vmm_mapping *m);
+VMM_INTERNAL int vmm_store_pool_reserve(vmm_pool *p, size_t n);
+VMM_INTERNAL void vmm_store_pool_remove(vmm_pool *p, vmm_mapping *m);
 /* Smallest bucket of size in [lo, hi] holding a usable mapping; removes and returns it. */
-VMM_INTERNAL vmm_mapping *vmm_pool_take(vmm_pool *p, size_t lo, size_t hi, vmm_pool_usable_fn usable, void *ctx);
+VMM_INTERNAL vmm_mapping *vmm_store_pool_take(vmm_pool *p, size_t lo, size_t hi, vmm_pool_usable_fn usable, void *ctx);
 /* The drain order: head of the largest bucket. */
-VMM_INTERNAL vmm_mapping *vmm_pool_peek_drain(const vmm_pool *p);
+VMM_INTERNAL vmm_mapping *vmm_store_pool_peek_drain(const vmm_pool *p);
 /* The bucket of the smallest size >= lo (upward) or <= lo (downward), or NULL. */
-VMM_INTERNAL vmm_bucket *vmm_pool_bucket_near(const vmm_pool *p, size_t lo, bool upward);
-VMM_INTERNAL void vmm_pool_fini(vmm_pool *p);
+VMM_INTERNAL vmm_bucket *vmm_store_pool_bucket_near(const vmm_pool *p, size_t lo, bool upward);
+VMM_INTERNAL void vmm_store_pool_fini(vmm_pool *p);
 /* Checks the pool's invariants; returns 0 if sound. */
-VMM_INTERNAL int vmm_pool_check(const vmm_pool *p, char *why, size_t cap);
+VMM_INTERNAL int vmm_store_pool_check(const vmm_pool *p, char *why, size_t cap);
 
 /* Unmapped tier. put/take keep the arena's per-kind retained counters. */
-VMM_INTERNAL void vmm_idle_put(vmm_arena *a, vmm_handle *h);
-VMM_INTERNAL void vmm_idle_remove(vmm_arena *a, vmm_handle *h);
+VMM_INTERNAL void vmm_store_idle_put(vmm_arena *a, vmm_handle *h);
+VMM_INTERNAL void vmm_store_idle_remove(vmm_arena *a, vmm_handle *h);
 /* The largest idle handle of at most `most` bytes (removed), or NULL. */
-VMM_INTERNAL vmm_handle *vmm_idle_take_at_most(vmm_arena *a, size_t most);
+VMM_INTERNAL vmm_handle *vmm_store_idle_take_at_most(vmm_arena *a, size_t most);
 /* The smallest idle handle of at least `least` bytes (removed), or NULL. */
-VMM_INTERNAL vmm_handle *vmm_idle_take_at_least(vmm_arena *a, size_t least);
+VMM_INTERNAL vmm_handle *vmm_store_idle_take_at_least(vmm_arena *a, size_t least);
 /* The largest idle handle (not removed), or NULL: the release order of finish. */
-VMM_INTERNAL vmm_handle *vmm_idle_largest(const vmm_arena *a);
+VMM_INTERNAL vmm_handle *vmm_store_idle_largest(const vmm_arena *a);
 /* Moves every unmapped idle handle to the abandoned list (abort: no driver call). */
-VMM_INTERNAL void vmm_idle_abandon_all(vmm_arena *a);
+VMM_INTERNAL void vmm_store_idle_abandon_all(vmm_arena *a);
 /* Takes the next abandoned handle off the list (destroy), or NULL. */
-VMM_INTERNAL vmm_handle *vmm_abandoned_pop(vmm_arena *a);
+VMM_INTERNAL vmm_handle *vmm_store_abandoned_pop(vmm_arena *a);
 /* Checks both tiers and the abandoned list; adds their bytes to the recount. */
 VMM_INTERNAL int vmm_store_check(const vmm_arena *a, vmm_kind_stats *k, uint64_t *physical, char *why, size_t cap);
 
@@ -409,7 +409,7 @@ typedef struct vmm_page_key {
   vmm_kind kind;
   uint32_t tag;
   CUstream stream;
-  vmm_pool_id pool;
+  vmm_pool_id graph_pool;
 } vmm_page_key;
 
 /* Another stream that uses a slot (vmm_arena_record_stream): on the page's list of uses while
@@ -476,7 +476,7 @@ typedef struct vmm_retiring_range {
   CUdeviceptr base;
   size_t size;
   uint32_t reservation;
-  vmm_pool_id pool;   /* a graph's pool: the range retires only once the pool is released */
+  vmm_pool_id graph_pool;   /* a graph's pool: the range retires only once the pool is released */
   vmm_free_work work; /* its uses array is the range's own */
   vmm_handle **handles; /* a whole shared mapping's handles, in address order (its own array):
                            the range may serve again; NULL otherwise */
@@ -519,7 +519,7 @@ typedef struct vmm_unmapper {
   size_t done, count, cap;
   size_t bytes;          /* VA of the jobs not yet collected: changed under the arena lock only */
   int mapping;           /* atomic: the arena is mapping (an assembly): the thread starts no unmap */
-  uint64_t mapped_ns;    /* atomic: when the last mapping ended (vmm_now_ns) */
+  uint64_t mapped_ns;    /* atomic: when the last mapping ended (vmm_driver_now_ns) */
   uint64_t quiet_ns;     /* how long after a mapping the thread still starts no unmap */
   int draining;          /* atomic: a wait or stop is under way: the thread no longer yields */
   uint64_t handed;       /* ranges handed to the thread so far */
@@ -549,7 +549,7 @@ struct vmm_arena {
   vmm_store store;
   vmm_mapping *deferred_head;  /* frees waiting for a capture to end (stream_order.c) */
   vmm_pages pages;             /* requests below the granularity (pages.c) */
-  vmm_id_set released_pools;   /* pools released: no allocation goes into them */
+  vmm_id_set released_graph_pools; /* graph pools released: no allocation goes into them */
   CUevent *spare_events;       /* events kept for slot waits and fences (stream_order.c) */
   vmm_fence *fences;           /* one per stream that freed pooled memory (stream_order.c) */
   size_t fence_count, fence_cap;
@@ -677,43 +677,43 @@ static inline size_t vmm_round_up(const vmm_arena *a, size_t bytes) {
 }
 
 /* ---- Counters (accounting.c) --------------------------------------------------------- */
-VMM_INTERNAL void vmm_stat_add(vmm_arena *a, vmm_kind k, vmm_mapping_state s, size_t bytes, int sign);
-VMM_INTERNAL void vmm_tag_account(vmm_arena *a, uint32_t tag, size_t bytes, int sign);
+VMM_INTERNAL void vmm_accounting_add_stat(vmm_arena *a, vmm_kind k, vmm_mapping_state s, size_t bytes, int sign);
+VMM_INTERNAL void vmm_accounting_add_tag(vmm_arena *a, uint32_t tag, size_t bytes, int sign);
 /* Moves bytes of a tag between live (paused = false) and paused. */
-VMM_INTERNAL void vmm_tag_account_paused(vmm_arena *a, uint32_t tag, size_t bytes, int sign);
-VMM_INTERNAL void vmm_add_physical(vmm_arena *a, size_t bytes);
-VMM_INTERNAL void vmm_add_mapped(vmm_arena *a, size_t bytes);
+VMM_INTERNAL void vmm_accounting_move_tag_paused(vmm_arena *a, uint32_t tag, size_t bytes, int sign);
+VMM_INTERNAL void vmm_accounting_add_physical(vmm_arena *a, size_t bytes);
+VMM_INTERNAL void vmm_accounting_add_mapped(vmm_arena *a, size_t bytes);
 /* The arena's usage figures (vmm_arena_usage, the snapshot's "usage"). */
-VMM_INTERNAL void vmm_usage_fill(const vmm_arena *a, vmm_usage *u);
+VMM_INTERNAL void vmm_accounting_fill_usage(const vmm_arena *a, vmm_usage *u);
 
 /* ---- Driver calls (driver.c): timing, counters, context ------------------------------ */
 
-VMM_INTERNAL uint64_t vmm_now_ns(void);
-VMM_INTERNAL void vmm_drv_account(vmm_arena *a, vmm_driver_entry e, CUresult r, uint64_t t0);
+VMM_INTERNAL uint64_t vmm_driver_now_ns(void);
+VMM_INTERNAL void vmm_driver_account(vmm_arena *a, vmm_driver_entry e, CUresult r, uint64_t t0);
 /* Makes the arena's context current on this thread for the rest of the public call. */
-VMM_INTERNAL void vmm_ctx_enter(vmm_arena *a);
+VMM_INTERNAL void vmm_driver_ctx_enter(vmm_arena *a);
 /* Pops the context if this public call pushed it. */
-VMM_INTERNAL void vmm_ctx_leave(vmm_arena *a);
+VMM_INTERNAL void vmm_driver_ctx_leave(vmm_arena *a);
 
 /* The counting wrapper: calls a driver entry point through the arena's table, timed and
  * counted. Every driver call goes through it (VMM_DRV adds the arena's context). */
 #define VMM_DRV_COUNTED(a, field, ...)                                  \
   __extension__({                                                       \
-    uint64_t vmm_t0_ = vmm_now_ns();                                    \
+    uint64_t vmm_t0_ = vmm_driver_now_ns();                                    \
     CUresult vmm_r_ = (a)->drv->field(__VA_ARGS__);                     \
-    vmm_drv_account((a), VMM_DRV_##field, vmm_r_, vmm_t0_);             \
+    vmm_driver_account((a), VMM_DRV_##field, vmm_r_, vmm_t0_);             \
     vmm_r_;                                                             \
   })
 
 /* A driver call with the arena's context current on this thread. */
 #define VMM_DRV(a, field, ...)                                          \
   __extension__({                                                       \
-    vmm_ctx_enter(a);                                                   \
+    vmm_driver_ctx_enter(a);                                                   \
     VMM_DRV_COUNTED(a, field, __VA_ARGS__);                             \
   })
 
 /* The driver's name of r ("CUDA_ERROR_OUT_OF_MEMORY"), or "CUDA_ERROR_UNRECOGNIZED". */
-VMM_INTERNAL const char *vmm_cu_error_name(vmm_arena *a, CUresult r);
+VMM_INTERNAL const char *vmm_errors_cu_name(vmm_arena *a, CUresult r);
 
 /* ---- Ranges (ranges.c) --------------------------------------------------------------- */
 VMM_INTERNAL vmm_status vmm_ranges_alloc(vmm_arena *a, size_t size, CUdeviceptr *base, uint32_t *reservation);
@@ -741,18 +741,18 @@ VMM_INTERNAL void vmm_ranges_free_unless_stuck(vmm_arena *a, CUdeviceptr base, s
 /* ---- Errors and messages (errors.c) -------------------------------------------------- */
 /* Formats bytes as "7.1 GiB", "512.0 MiB", "1023 B": the largest binary unit (up to PiB) that
  * keeps the number at 1 or more, one decimal. */
-VMM_INTERNAL const char *vmm_fmt_bytes(uint64_t bytes, char buf[32]);
+VMM_INTERNAL const char *vmm_errors_fmt_bytes(uint64_t bytes, char buf[32]);
 /* The same with `gib_decimals` decimals from GiB up ("8.49 GiB": vmmarena-replay's table). */
-VMM_INTERNAL const char *vmm_fmt_bytes_decimals(uint64_t bytes, int gib_decimals, char buf[32]);
-VMM_INTERNAL vmm_status vmm_fail(vmm_arena *a, vmm_status s, const char *fmt, ...)
+VMM_INTERNAL const char *vmm_errors_fmt_bytes_decimals(uint64_t bytes, int gib_decimals, char buf[32]);
+VMM_INTERNAL vmm_status vmm_errors_fail(vmm_arena *a, vmm_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Records a failed driver call: sticky fatal unless it is out of memory. Returns the status. */
-VMM_INTERNAL vmm_status vmm_fail_driver(vmm_arena *a, CUresult r, vmm_driver_entry e, const char *fmt, ...)
+VMM_INTERNAL vmm_status vmm_errors_fail_driver(vmm_arena *a, CUresult r, vmm_driver_entry e, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* Appends "arena holds ..." to buf. */
-VMM_INTERNAL void vmm_describe_holdings(const vmm_arena *a, char *buf, size_t cap);
-VMM_INTERNAL void vmm_log(int level, int threshold, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-VMM_INTERNAL const char *vmm_kind_name(int kind);
+VMM_INTERNAL void vmm_errors_describe_holdings(const vmm_arena *a, char *buf, size_t cap);
+VMM_INTERNAL void vmm_errors_log(int level, int threshold, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+VMM_INTERNAL const char *vmm_errors_kind_name(int kind);
 
 /* ---- Tags (tags.c) ------------------------------------------------------------------- */
 VMM_INTERNAL uint32_t vmm_tag_current_id(void);
@@ -774,15 +774,15 @@ VMM_INTERNAL bool vmm_trace_arena_open(vmm_arena *a, const char *path);
 
 /* ---- Device (arena_create.c) -------------------------------------------------------- */
 /* Destroy: releases the primary context that creation retained and pops it. */
-VMM_INTERNAL void vmm_device_close(vmm_arena *a);
+VMM_INTERNAL void vmm_arena_create_close_device(vmm_arena *a);
 
 /* ---- Meminfo (meminfo.c) ------------------------------------------------------------- */
-VMM_INTERNAL CUresult vmm_host_memory_available(size_t *bytes);
+VMM_INTERNAL CUresult vmm_meminfo_available(size_t *bytes);
 
 /* ---- Pages (pages.c) ----------------------------------------------------------------- */
 /* The slot size that serves a request of `bytes` (below half the granularity): 512-byte steps
  * up to 4 KiB, four steps per doubling up to 64 KiB, then the most slots that fit a page. */
-VMM_INTERNAL size_t vmm_page_slot_size(size_t granularity, size_t bytes);
+VMM_INTERNAL size_t vmm_pages_slot_size(size_t granularity, size_t bytes);
 /* A free slot of a page of `k`: *out its address. VMM_STATUS_COUNT when no page of `k` has one
  * (the caller carves one: the set and a record for it are ready); VMM_ERR_OUT_OF_MEMORY
  * (recorded) when the host has no memory for them. Slots that waited for other streams are
@@ -818,13 +818,13 @@ VMM_INTERNAL int vmm_pages_check(const vmm_arena *a, const vmm_mapping *m, uint6
 /* ---- Admission (admission.c) --------------------------------------------------------- */
 /* Refuses `fresh` bytes of new physical memory past the limit or below the headroom, for a
  * request of `bytes` (rounded `rounded`). */
-VMM_INTERNAL vmm_status vmm_admit(vmm_arena *a, size_t bytes, size_t rounded, size_t fresh, vmm_kind kind);
+VMM_INTERNAL vmm_status vmm_admission_admit(vmm_arena *a, size_t bytes, size_t rounded, size_t fresh, vmm_kind kind);
 /* Before `handles` > 1 creations: refuses at once when the device has less free memory than
  * `fresh` bytes, rather than creating handles that the last ones could not complete. */
-VMM_INTERNAL vmm_status vmm_admit_device(vmm_arena *a, size_t bytes, size_t rounded, size_t fresh, uint32_t handles,
+VMM_INTERNAL vmm_status vmm_admission_admit_device(vmm_arena *a, size_t bytes, size_t rounded, size_t fresh, uint32_t handles,
                                          vmm_kind kind);
 /* Records a cuMemCreate out-of-memory as a refusal, with the device's free memory. */
-VMM_INTERNAL vmm_status vmm_refuse_driver_oom(vmm_arena *a, size_t bytes, size_t rounded, vmm_kind kind);
+VMM_INTERNAL vmm_status vmm_admission_refuse_driver_oom(vmm_arena *a, size_t bytes, size_t rounded, vmm_kind kind);
 
 /* ---- Reuse after a join inside a capture (capture_join.c) ----------------------------- */
 /* At a free of memory of graph pool `pool` during a capture (whole-process mode): records in
@@ -841,9 +841,9 @@ VMM_INTERNAL bool vmm_join_reached(vmm_arena *a, const vmm_join *j, CUstream str
 /* ---- Stream order (stream_order.c) --------------------------------------------------- */
 /* Whether `s` is capturing a graph; the legacy stream counts as capturing while another stream
  * captures (a synchronous call on it would join the capture). Returns a failed query's result. */
-VMM_INTERNAL CUresult vmm_capture_query(vmm_arena *a, CUstream s, bool *capturing);
+VMM_INTERNAL CUresult vmm_order_capture_query(vmm_arena *a, CUstream s, bool *capturing);
 /* 1 if the stream is capturing (or its state cannot be read), 0 if not. */
-VMM_INTERNAL int vmm_stream_capturing(vmm_arena *a, CUstream s);
+VMM_INTERNAL int vmm_order_capturing(vmm_arena *a, CUstream s);
 typedef struct vmm_reuse_ctx {
   vmm_arena *a;
   CUstream stream;
@@ -852,54 +852,54 @@ typedef struct vmm_reuse_ctx {
 } vmm_reuse_ctx;
 /* The reuse context of a request on `stream`. Orders by event outside whole-process mode, under
  * VMMARENA_STREAM_ORDER=event, or as the `last_resort` of whole-process mode. */
-VMM_INTERNAL vmm_reuse_ctx vmm_reuse_on(vmm_arena *a, CUstream stream, bool last_resort);
+VMM_INTERNAL vmm_reuse_ctx vmm_order_reuse_on(vmm_arena *a, CUstream stream, bool last_resort);
 /* vmm_pool_usable_fn: a pooled mapping may go to ctx->stream if it was freed there, if a
  * quiesce passed since, if the work of its free on every other stream is known complete
  * (cuEventQuery), or, where ctx->by_event, if the stream can be ordered after that work. */
-VMM_INTERNAL bool vmm_usable_on_stream(void *ctx, vmm_mapping *m);
+VMM_INTERNAL bool vmm_order_usable_on_stream(void *ctx, vmm_mapping *m);
 /* True if m's freeing stream could be waited for now (not capturing), or need not be. */
-VMM_INTERNAL bool vmm_can_wait_for_free(vmm_arena *a, const vmm_mapping *m);
+VMM_INTERNAL bool vmm_order_can_wait_for_free(vmm_arena *a, const vmm_mapping *m);
 /* Before pooled mapping m is unmapped (by finish or assembly): waits for the work of the
  * stream that freed it, which may still use it, unless a quiesce came after the free or that
  * stream is in waited[0, *n_waited) (it is added while there is room for `cap`). A capturing
  * stream cannot be waited for: VMM_ERR_SCOPE_STATE; a failed query or synchronize is a driver
  * error. Messages name the caller by `what`. */
-VMM_INTERNAL vmm_status vmm_wait_for_free(vmm_arena *a, const vmm_mapping *m, const char *what, CUstream *waited,
+VMM_INTERNAL vmm_status vmm_order_wait_for_free(vmm_arena *a, const vmm_mapping *m, const char *what, CUstream *waited,
                                           size_t *n_waited, size_t cap);
 /* Waits for the work queued on `stream` (called without the arena's lock). */
-VMM_INTERNAL CUresult vmm_stream_wait(vmm_arena *a, CUstream stream);
+VMM_INTERNAL CUresult vmm_order_stream_wait(vmm_arena *a, CUstream stream);
 /* Waits for all work on the device; then every earlier free is ordered before any later use
  * (the epoch rises). */
-VMM_INTERNAL vmm_status vmm_quiesce(vmm_arena *a);
+VMM_INTERNAL vmm_status vmm_order_quiesce(vmm_arena *a);
 /* Destroy: waits for all work on the device and destroys the order event. */
-VMM_INTERNAL void vmm_stream_order_fini(vmm_arena *a);
+VMM_INTERNAL void vmm_order_fini(vmm_arena *a);
 /* The deferred list: frees on a capturing stream wait here (DEFERRED) for the capture to end. */
-VMM_INTERNAL void vmm_deferred_push(vmm_arena *a, vmm_mapping *m, CUstream stream);
+VMM_INTERNAL void vmm_order_deferred_push(vmm_arena *a, vmm_mapping *m, CUstream stream);
 /* Unmaps the frees that waited for a capture to end, where the capture is over. */
-VMM_INTERNAL void vmm_process_deferred(vmm_arena *a);
+VMM_INTERNAL void vmm_order_process_deferred(vmm_arena *a);
 /* An event for a slot wait: a spare one, or a new one; NULL (recorded) on failure. */
-VMM_INTERNAL CUevent vmm_event_get(vmm_arena *a);
-/* Keeps an event for the next vmm_event_get (destroys it if there is no room). */
-VMM_INTERNAL void vmm_event_put(vmm_arena *a, CUevent e);
+VMM_INTERNAL CUevent vmm_order_event_get(vmm_arena *a);
+/* Keeps an event for the next vmm_order_event_get (destroys it if there is no room). */
+VMM_INTERNAL void vmm_order_event_put(vmm_arena *a, CUevent e);
 /* Records e on `stream` (not capturing): true on success. */
-VMM_INTERNAL bool vmm_event_record(vmm_arena *a, CUevent e, CUstream stream);
+VMM_INTERNAL bool vmm_order_event_record(vmm_arena *a, CUevent e, CUstream stream);
 /* Whether e is known complete (cuEventQuery answered success). */
-VMM_INTERNAL bool vmm_event_complete(vmm_arena *a, CUevent e);
+VMM_INTERNAL bool vmm_order_event_complete(vmm_arena *a, CUevent e);
 /* Makes `stream` wait for e: true on success. */
-VMM_INTERNAL bool vmm_stream_wait_event(vmm_arena *a, CUstream stream, CUevent e);
+VMM_INTERNAL bool vmm_order_wait_event(vmm_arena *a, CUstream stream, CUevent e);
 /* While a capture is underway (vmm_arena_capture_begin), sets this thread's capture mode to
  * relaxed for the rest of a public call, so that the arena's calls (memory creation, mapping,
  * event queries) do not invalidate a capture begun in global mode, as PyTorch's allocator does;
  * *saved keeps the mode to restore. Returns whether it did. */
-VMM_INTERNAL bool vmm_capture_relax(vmm_arena *a, CUstreamCaptureMode *saved);
-VMM_INTERNAL void vmm_capture_restore(vmm_arena *a, bool relaxed, CUstreamCaptureMode saved);
+VMM_INTERNAL bool vmm_order_capture_relax(vmm_arena *a, CUstreamCaptureMode *saved);
+VMM_INTERNAL void vmm_order_capture_restore(vmm_arena *a, bool relaxed, CUstreamCaptureMode saved);
 /* Whether pooled mapping m's work is known complete with no host wait: a quiesce came after
  * its free, or on its freeing stream and every stream added to it an event recorded after the
  * free has completed (cuEventQuery). Records a new event where none is pending, so that a
  * later call can know. */
-VMM_INTERNAL bool vmm_free_complete(vmm_arena *a, const vmm_mapping *m);
-/* vmm_free_complete for work described apart from its mapping (a retiring range). */
-VMM_INTERNAL bool vmm_work_complete(vmm_arena *a, const vmm_free_work *w);
+VMM_INTERNAL bool vmm_order_free_complete(vmm_arena *a, const vmm_mapping *m);
+/* vmm_order_free_complete for work described apart from its mapping (a retiring range). */
+VMM_INTERNAL bool vmm_order_work_complete(vmm_arena *a, const vmm_free_work *w);
 
 /* ---- Retiring ranges (retiring.c) ------------------------------------------------------ */
 /* Room for n more retiring ranges, so that vmm_retiring_add cannot fail: -1 on host OOM. */
@@ -910,7 +910,7 @@ VMM_INTERNAL void vmm_retiring_add(vmm_arena *a, const vmm_retiring_range *range
  * host wait). */
 VMM_INTERNAL void vmm_retiring_settle(vmm_arena *a);
 /* After the device's work (a quiesce): unmaps and frees the ranges a graph's pool kept. */
-VMM_INTERNAL void vmm_retiring_release_pool(vmm_arena *a, vmm_pool_id pool);
+VMM_INTERNAL void vmm_retiring_release_graph_pool(vmm_arena *a, vmm_pool_id pool);
 /* Waits for the work of every retiring range whose streams do not capture, then unmaps and
  * frees those ranges (finish, empty_cache, a refusal's release). */
 VMM_INTERNAL vmm_status vmm_retiring_drain(vmm_arena *a, const char *what);
@@ -929,7 +929,7 @@ struct vmm_request;
 VMM_INTERNAL vmm_status vmm_retiring_revive(vmm_arena *a, const struct vmm_request *req, bool part,
                                             struct vmm_mapping **out);
 /* Moves the deferred frees of an aborted scope to its abandoned memory (no driver call). */
-VMM_INTERNAL void vmm_deferred_abandon_scope(vmm_arena *a, uint64_t scope_id);
+VMM_INTERNAL void vmm_order_deferred_abandon_scope(vmm_arena *a, uint64_t scope_id);
 
 /* ---- Assembly (assembly.c) ----------------------------------------------------------- */
 typedef struct vmm_request { /* a request for memory: what vmm_arena_alloc_in was asked */
@@ -937,7 +937,7 @@ typedef struct vmm_request { /* a request for memory: what vmm_arena_alloc_in wa
   vmm_kind kind;
   CUstream stream;
   uint32_t tag;
-  vmm_pool_id pool;
+  vmm_pool_id graph_pool;
   bool exact; /* a page's mapping: exactly `rounded` bytes (its slots are found by granule) */
   bool last_resort; /* whole-process mode: may be ordered after incomplete frees by events */
 } vmm_request;
@@ -946,7 +946,7 @@ typedef enum vmm_assembly_mode {
   VMM_ASSEMBLE_NEW,    /* one new handle, no idle handle (outside a scope) */
   VMM_ASSEMBLE_EXACT,  /* idle handles that fit what is left, new memory (cut to the bound) for the rest */
   VMM_ASSEMBLE_PADDED, /* after a refusal: idle handles only, the last one may be larger than what is left */
-  VMM_ASSEMBLE_REFILL  /* new memory (cut to the bound) where vmm_refill_wanted */
+  VMM_ASSEMBLE_REFILL  /* new memory (cut to the bound) where vmm_assembly_refill_wanted */
 } vmm_assembly_mode;
 
 /* VMMARENA_REFILL (whole-process mode): whether a miss whose plan would map several cached
@@ -959,12 +959,12 @@ typedef enum vmm_assembly_mode {
 /* Whether req's assembly would create new memory: a dry run of its plan (the store is left as
  * it was). */
 VMM_INTERNAL bool vmm_assembly_needs_new(vmm_arena *a, const vmm_request *req);
-VMM_INTERNAL bool vmm_refill_wanted(vmm_arena *a, const vmm_request *req);
+VMM_INTERNAL bool vmm_assembly_refill_wanted(vmm_arena *a, const vmm_request *req);
 
 /* Builds a live mapping of at least req->rounded bytes in a fresh range, or, with `into` (a
  * paused allocation of req->rounded bytes), maps handles back into its range and attaches them.
  * On any failure everything taken is put back as it was and the error is recorded. */
-VMM_INTERNAL vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode mode, vmm_mapping *into,
+VMM_INTERNAL vmm_status vmm_assembly_build(vmm_arena *a, const vmm_request *req, vmm_assembly_mode mode, vmm_mapping *into,
                                      vmm_mapping **out);
 /* EXACT where requests of `kind` are assembled from idle handles now (inside a retention
  * scope, with reuse on), NEW otherwise. */
@@ -1040,34 +1040,34 @@ VMM_INTERNAL void vmm_unmapper_wait(vmm_arena *a);
 VMM_INTERNAL void vmm_unmapper_stop(vmm_arena *a);
 /* Records e under the arena lock as "CALL: WHAT; THEN" (call "pause(\"w\")", then what the
  * failure left); returns its status. */
-VMM_INTERNAL vmm_status vmm_copy_fail(vmm_arena *a, const vmm_copy_error *e, const char *call, const char *then);
+VMM_INTERNAL vmm_status vmm_copier_fail(vmm_arena *a, const vmm_copy_error *e, const char *call, const char *then);
 /* Fills e for a failed driver call (status from the result) or, with entry
  * VMM_DRV_ENTRY_COUNT, a host failure (out of memory). */
-VMM_INTERNAL void vmm_copy_error_set(vmm_copy_error *e, CUresult r, vmm_driver_entry entry, const char *fmt, ...)
+VMM_INTERNAL void vmm_copier_set_error(vmm_copy_error *e, CUresult r, vmm_driver_entry entry, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* ---- Whole mappings (arena.c) ------------------------------------------------------- */
 /* A live mapping of at least req->rounded bytes for req, from the first source that has one
  * (pool, assembly, new memory; after a refusal the fallbacks). */
-VMM_INTERNAL vmm_status vmm_alloc_mapping(vmm_arena *a, const vmm_request *req, vmm_mapping **out);
+VMM_INTERNAL vmm_status vmm_arena_alloc_mapping(vmm_arena *a, const vmm_request *req, vmm_mapping **out);
 /* Frees a live or paused mapping (as vmm_arena_free says); *freed: it is no longer live. */
-VMM_INTERNAL vmm_status vmm_free_mapping(vmm_arena *a, vmm_mapping *m, CUstream stream, bool *freed);
+VMM_INTERNAL vmm_status vmm_arena_free_allocation(vmm_arena *a, vmm_mapping *m, CUstream stream, bool *freed);
 /* A kept mapping (vmm_mapping_keep) that resume made live again goes to its graph's pool,
  * freed on its stream. */
-VMM_INTERNAL vmm_status vmm_pool_kept(vmm_arena *a, vmm_mapping *m);
+VMM_INTERNAL vmm_status vmm_arena_free_kept(vmm_arena *a, vmm_mapping *m);
 /* Frees the mapping of an empty page m (live or paused) on the page's stream. Where that fails
  * (an unmap refused: the error is returned) m stays an empty page, found again by a later
  * empty_cache, never a plain mapping that a slot's pointer could free. */
-VMM_INTERNAL vmm_status vmm_free_page(vmm_arena *a, vmm_mapping *m);
+VMM_INTERNAL vmm_status vmm_arena_free_page(vmm_arena *a, vmm_mapping *m);
 /* The refusal of a free of p (m: the record at p, or NULL), naming what is there. */
-VMM_INTERNAL vmm_status vmm_refuse_pointer(vmm_arena *a, CUdeviceptr p, vmm_mapping *m);
+VMM_INTERNAL vmm_status vmm_arena_refuse_pointer(vmm_arena *a, CUdeviceptr p, vmm_mapping *m);
 
 /* Outside a retaining scope: empty pages back to the pool, then the pool and the idle tier
  * back to the driver (vmm_arena_empty_cache, and a request that finds new memory refused). */
-VMM_INTERNAL vmm_status vmm_cache_release(vmm_arena *a, const char *what);
+VMM_INTERNAL vmm_status vmm_arena_release_cache(vmm_arena *a, const char *what);
 
 /* ---- Draining the store (drain.c) ---------------------------------------------------- */
 /* Waits, once per stream, for the work that may still use a pooled mapping (see
- * vmm_wait_for_free); touches nothing. Messages name the caller by `what`. */
+ * vmm_order_wait_for_free); touches nothing. Messages name the caller by `what`. */
 VMM_INTERNAL vmm_status vmm_drain_wait(vmm_arena *a, const char *what);
 /* Pops the pool in drain order (largest bucket first, newest first within it), unmapping
  * each mapping and keeping its handles idle; a failed unmap pushes it back where it was. */
@@ -1105,10 +1105,10 @@ VMM_INTERNAL void vmm_ipc_init(vmm_arena *a);
 static inline bool vmm_ipc_create_refused(vmm_arena *a, CUresult r) {
   if (!a->prop.requestedHandleTypes || (r != CUDA_ERROR_NOT_SUPPORTED && r != CUDA_ERROR_NOT_PERMITTED)) return false;
   a->prop.requestedHandleTypes = 0;
-  vmm_log(2, a->cfg.log_level,
+  vmm_errors_log(2, a->cfg.log_level,
           "vmmarena: device %d refused exportable memory (cuMemCreate returned %s): memory is created plain from "
           "now on, and sharing it with another process is refused",
-          a->cfg.device, vmm_cu_error_name(a, r));
+          a->cfg.device, vmm_errors_cu_name(a, r));
   return true;
 }
 /* Before h goes back to the driver: closes its exported descriptor, if any. */
