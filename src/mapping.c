@@ -1,6 +1,7 @@
 /* Mapping records: creation, mapping handles whole, the state transitions (one function for
- * each, the only code that sets a record's state) and the one retire (unmap whole, then
- * dispose: leave the table and the range, keep the handles idle or release them).
+ * each, the only code that sets a record's state) and the ways a record ends (listed in
+ * internal.h): the one unmap-now, vmm_mapping_unmap_and_end (unmap whole, then end_unmapped:
+ * leave the table and the range, keep the handles idle or release them), among them.
  * Record before unmap: a record leaves the table only after its unmap succeeded. */
 #include <stdlib.h>
 #include <string.h>
