@@ -622,7 +622,7 @@ static int replay(const options *o, const policy *p, const trace *t, const repla
 
 /* "35.27 GiB", "512.0 MiB", "64.0 KiB", "100 B": the core's formatting, two decimals from GiB
  * up, so that peaks a few percent apart differ in the table. */
-static const char *human(uint64_t bytes, char buf[32]) { return vmm_fmt_bytes_decimals(bytes, 2, buf); }
+static const char *human(uint64_t bytes, char buf[32]) { return vmm_errors_fmt_bytes_decimals(bytes, 2, buf); }
 
 static uint64_t calls_of(const result *r, vmm_driver_entry e) { return r->snap.driver[e].calls; }
 

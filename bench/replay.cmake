@@ -48,7 +48,7 @@ vmmarena_embed(${VMMARENA_DEFAULT_TRACE} ${CMAKE_CURRENT_BINARY_DIR}/default_tra
 add_executable(vmmarena-replay ${CMAKE_CURRENT_SOURCE_DIR}/replay.c ${CMAKE_CURRENT_BINARY_DIR}/default_trace.c)
 target_link_libraries(vmmarena-replay PRIVATE vmmarena_static vmmarena_fake)
 # The core's internal header (src/internal.h): the tool's hash table and byte formatting are the
-# core's own (vmm_table, vmm_fmt_bytes_decimals), linked from the static library.
+# core's own (vmm_table, vmm_errors_fmt_bytes_decimals), linked from the static library.
 target_include_directories(vmmarena-replay PRIVATE ${PROJECT_SOURCE_DIR}/src)
 # The plot script: the installed copy, found from the binary's own directory (so the install
 # can move), else the source tree's.

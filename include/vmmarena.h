@@ -255,7 +255,9 @@ VMM_API vmm_status vmm_arena_device_memory(vmm_arena *arena, size_t *free_bytes,
 
 /* A pool of memory kept apart from the others: PyTorch's private pool of a CUDA graph. Memory
  * allocated into a pool and freed is reused only by allocations into the same pool until the
- * pool is released. 0 (VMM_POOL_SHARED) is the cache every other allocation shares. */
+ * pool is released. 0 (VMM_POOL_SHARED) is the cache every other allocation shares. This "pool"
+ * is always a graph's pool (inside the core: graph_pool; its "pool" alone is the tier of idle
+ * mappings a free keeps). */
 typedef uint64_t vmm_pool_id;
 #define VMM_POOL_SHARED ((vmm_pool_id)0)
 

@@ -5,7 +5,7 @@
 
 #include "internal.h"
 
-void vmm_stat_add(vmm_arena *a, vmm_kind k, vmm_mapping_state s, size_t bytes, int sign) {
+void vmm_accounting_add_stat(vmm_arena *a, vmm_kind k, vmm_mapping_state s, size_t bytes, int sign) {
   vmm_kind_stats *ks = &a->kind[k];
   uint64_t *count, *total;
   switch (s) {
@@ -39,31 +39,31 @@ static int tag_room(vmm_arena *a, uint32_t tag) {
   return 0;
 }
 
-void vmm_tag_account(vmm_arena *a, uint32_t tag, size_t bytes, int sign) {
+void vmm_accounting_add_tag(vmm_arena *a, uint32_t tag, size_t bytes, int sign) {
   if (tag >= a->tag_cap && (sign < 0 || tag_room(a, tag))) return;
   a->tag_bytes[tag] += (uint64_t)((int64_t)sign * (int64_t)bytes);
   a->tag_count[tag] += (uint64_t)(int64_t)sign;
 }
 
-void vmm_tag_account_paused(vmm_arena *a, uint32_t tag, size_t bytes, int sign) {
+void vmm_accounting_move_tag_paused(vmm_arena *a, uint32_t tag, size_t bytes, int sign) {
   if (tag >= a->tag_cap && (sign < 0 || tag_room(a, tag))) return;
   a->tag_paused_bytes[tag] += (uint64_t)((int64_t)sign * (int64_t)bytes);
   a->tag_paused_count[tag] += (uint64_t)(int64_t)sign;
 }
 
-void vmm_add_physical(vmm_arena *a, size_t bytes) {
+void vmm_accounting_add_physical(vmm_arena *a, size_t bytes) {
   a->physical_bytes += bytes;
   if (a->physical_bytes > a->physical_peak) a->physical_peak = a->physical_bytes;
   if (a->physical_bytes > a->scope_peak) a->scope_peak = a->physical_bytes;
   if (a->physical_bytes > a->high_water) a->high_water = a->physical_bytes;
 }
 
-void vmm_add_mapped(vmm_arena *a, size_t bytes) {
+void vmm_accounting_add_mapped(vmm_arena *a, size_t bytes) {
   a->mapped_bytes += bytes;
   if (a->mapped_bytes > a->mapped_peak) a->mapped_peak = a->mapped_bytes;
 }
 
-void vmm_usage_fill(const vmm_arena *a, vmm_usage *u) {
+void vmm_accounting_fill_usage(const vmm_arena *a, vmm_usage *u) {
   *u = (vmm_usage){
       .allocated_bytes = a->allocated_bytes,
       .allocated_peak_bytes = a->allocated_peak,

@@ -19,7 +19,7 @@ static void count_allocation(vmm_arena *a, size_t bytes, int sign) {
 
 /* A slot for req: from a page of its key with room, else from a page carved now. */
 static vmm_status alloc_slot(vmm_arena *a, const vmm_request *req, CUdeviceptr *out, size_t *size) {
-  vmm_page_key k = {vmm_page_slot_size(a->granularity, req->bytes), req->kind, req->tag, req->stream, req->pool};
+  vmm_page_key k = {vmm_pages_slot_size(a->granularity, req->bytes), req->kind, req->tag, req->stream, req->graph_pool};
   *size = k.slot_size;
   vmm_status st = vmm_pages_take(a, &k, out);
   if (st != NOTHING) return st;
@@ -27,7 +27,7 @@ static vmm_status alloc_slot(vmm_arena *a, const vmm_request *req, CUdeviceptr *
   page.bytes = page.rounded = a->granularity;
   page.exact = true;
   vmm_mapping *m;
-  if ((st = vmm_alloc_mapping(a, &page, &m)) != VMM_OK) { /* the last resort: slots waiting for events */
+  if ((st = vmm_arena_alloc_mapping(a, &page, &m)) != VMM_OK) { /* the last resort: slots waiting for events */
     bool ordered = st == VMM_ERR_OUT_OF_MEMORY && vmm_pages_order_waits(a, &k) && vmm_pages_take(a, &k, out) == VMM_OK;
     return ordered ? VMM_OK : st;
   }
@@ -36,17 +36,17 @@ static vmm_status alloc_slot(vmm_arena *a, const vmm_request *req, CUdeviceptr *
 }
 
 static vmm_status check_request(vmm_arena *a, const vmm_request *req) {
-  const char *kind = vmm_kind_name(req->kind);
+  const char *kind = vmm_errors_kind_name(req->kind);
   if ((unsigned)req->kind >= VMM_KIND_COUNT)
-    return vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "vmm_arena_alloc: unknown kind %d", (int)req->kind);
-  if (req->bytes == 0) return vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "vmm_arena_alloc: 0 bytes requested (%s)", kind);
+    return vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT, "vmm_arena_alloc: unknown kind %d", (int)req->kind);
+  if (req->bytes == 0) return vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT, "vmm_arena_alloc: 0 bytes requested (%s)", kind);
   if (req->bytes > VMM_MAX_ALLOC)
-    return vmm_fail(a, VMM_ERR_INVALID_ARGUMENT,
+    return vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT,
                     "vmm_arena_alloc: %zu bytes (%s) is more than the %zu-byte virtual address space", req->bytes, kind,
                     VMM_MAX_ALLOC);
-  if (req->pool != VMM_POOL_SHARED && vmm_id_set_has(&a->released_pools, req->pool))
-    return vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "vmm_arena_alloc: pool %llu was released (%zu bytes, %s)",
-                    (unsigned long long)req->pool, req->bytes, kind);
+  if (req->graph_pool != VMM_POOL_SHARED && vmm_ids_has(&a->released_graph_pools, req->graph_pool))
+    return vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT, "vmm_arena_alloc: pool %llu was released (%zu bytes, %s)",
+                    (unsigned long long)req->graph_pool, req->bytes, kind);
   return VMM_OK;
 }
 
@@ -60,7 +60,7 @@ static vmm_status alloc_checked(vmm_arena *a, vmm_request *req, CUdeviceptr *out
     return st;
   }
   vmm_mapping *m;
-  vmm_status st = vmm_alloc_mapping(a, req, &m);
+  vmm_status st = vmm_arena_alloc_mapping(a, req, &m);
   if (st == VMM_OK) *out = m->base, *size = m->extent;
   return st;
 }
@@ -70,12 +70,12 @@ vmm_status vmm_arena_alloc_in(vmm_arena *a, size_t bytes, vmm_kind kind, CUstrea
   if (!a) return VMM_ERR_INVALID_ARGUMENT;
   pthread_mutex_lock(&a->lock);
   CUstreamCaptureMode mode;
-  bool relaxed = vmm_capture_relax(a, &mode);
+  bool relaxed = vmm_order_capture_relax(a, &mode);
   vmm_request req = {bytes, 0, kind, stream, vmm_tag_current_id(), pool};
   CUdeviceptr at = 0;
   size_t size = 0;
   vmm_status st = out ? check_request(a, &req)
-                      : vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "vmm_arena_alloc: NULL out-pointer (%zu bytes requested)",
+                      : vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT, "vmm_arena_alloc: NULL out-pointer (%zu bytes requested)",
                                  bytes);
   if (out) *out = NULL;
   if (st == VMM_OK && (st = alloc_checked(a, &req, &at, &size)) == VMM_OK) {
@@ -85,8 +85,8 @@ vmm_status vmm_arena_alloc_in(vmm_arena *a, size_t bytes, vmm_kind kind, CUstrea
   }
   vmm_trace_arena_op(a, VMM_TRACE_ALLOC, (unsigned)kind < VMM_KIND_COUNT ? (int)kind : -1, bytes, req.rounded, at,
                      stream, req.tag, pool, st);
-  vmm_capture_restore(a, relaxed, mode);
-  vmm_ctx_leave(a);
+  vmm_order_capture_restore(a, relaxed, mode);
+  vmm_driver_ctx_leave(a);
   pthread_mutex_unlock(&a->lock);
   return st;
 }
@@ -99,7 +99,7 @@ vmm_status vmm_arena_alloc(vmm_arena *a, size_t bytes, vmm_kind kind, CUstream s
 static vmm_status free_slot(vmm_arena *a, vmm_page *pg, uint32_t slot) {
   vmm_mapping *m = pg->m;
   if (!vmm_pages_give_back(a, pg, slot) || (m->state != VMM_MAP_LIVE && m->state != VMM_MAP_PAUSED)) return VMM_OK;
-  return vmm_free_page(a, m);
+  return vmm_arena_free_page(a, m);
 }
 
 vmm_status vmm_arena_free(vmm_arena *a, void *ptr, CUstream stream) {
@@ -107,7 +107,7 @@ vmm_status vmm_arena_free(vmm_arena *a, void *ptr, CUstream stream) {
   CUdeviceptr base = (CUdeviceptr)(uintptr_t)ptr;
   pthread_mutex_lock(&a->lock);
   CUstreamCaptureMode mode;
-  bool relaxed = vmm_capture_relax(a, &mode);
+  bool relaxed = vmm_order_capture_relax(a, &mode);
   vmm_status st;
   uint32_t slot;
   vmm_page *pg = ptr ? vmm_pages_slot_of(a, base, &slot) : NULL;
@@ -117,19 +117,19 @@ vmm_status vmm_arena_free(vmm_arena *a, void *ptr, CUstream stream) {
   int kind = pg || whole ? (int)m->kind : -1;
   uint32_t tag = pg || whole ? m->tag : 0;
   if (!ptr) {
-    st = vmm_fail(a, VMM_ERR_UNKNOWN_POINTER, "free(NULL): not an allocation");
+    st = vmm_errors_fail(a, VMM_ERR_UNKNOWN_POINTER, "free(NULL): not an allocation");
   } else if (pg) {
     st = free_slot(a, pg, slot);
     freed = true;
   } else if (whole) {
-    st = vmm_free_mapping(a, m, stream, &freed);
+    st = vmm_arena_free_allocation(a, m, stream, &freed);
   } else {
-    st = vmm_refuse_pointer(a, base, m);
+    st = vmm_arena_refuse_pointer(a, base, m);
   }
   if (freed) a->frees++, count_allocation(a, size, -1);
   vmm_trace_arena_op(a, VMM_TRACE_FREE, kind, 0, size, base, stream, tag, VMM_POOL_SHARED, st);
-  vmm_capture_restore(a, relaxed, mode);
-  vmm_ctx_leave(a);
+  vmm_order_capture_restore(a, relaxed, mode);
+  vmm_driver_ctx_leave(a);
   pthread_mutex_unlock(&a->lock);
   return st;
 }
@@ -143,10 +143,10 @@ vmm_status vmm_arena_record_stream(vmm_arena *a, void *ptr, CUstream stream) {
   vmm_mapping *m = pg ? NULL : vmm_table_find(&a->table, base);
   vmm_status st = VMM_OK;
   if (!pg && !(m && !m->page && vmm_mapping_allocated(m)))
-    st = vmm_fail(a, VMM_ERR_UNKNOWN_POINTER, "record_stream(0x%llx, stream %p): not a live allocation of device %d",
+    st = vmm_errors_fail(a, VMM_ERR_UNKNOWN_POINTER, "record_stream(0x%llx, stream %p): not a live allocation of device %d",
                   (unsigned long long)base, (void *)stream, a->cfg.device);
   else if (pg ? vmm_pages_add_use(pg, slot, stream) : vmm_mapping_add_use(m, stream))
-    st = vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "record_stream(0x%llx, stream %p): host out of memory; nothing changed",
+    st = vmm_errors_fail(a, VMM_ERR_OUT_OF_MEMORY, "record_stream(0x%llx, stream %p): host out of memory; nothing changed",
                   (unsigned long long)base, (void *)stream);
   vmm_trace_arena_op(a, VMM_TRACE_RECORD_STREAM, -1, 0, 0, base, stream, 0, VMM_POOL_SHARED, st);
   pthread_mutex_unlock(&a->lock);
@@ -166,7 +166,7 @@ vmm_status vmm_arena_allocation_size(vmm_arena *a, void *ptr, size_t *bytes) {
   else if (m && !m->page && (m->state == VMM_MAP_LIVE || m->state == VMM_MAP_PAUSED))
     *bytes = m->extent;
   else
-    st = vmm_fail(a, VMM_ERR_UNKNOWN_POINTER, "allocation_size(0x%llx): not a live allocation of device %d",
+    st = vmm_errors_fail(a, VMM_ERR_UNKNOWN_POINTER, "allocation_size(0x%llx): not a live allocation of device %d",
                   (unsigned long long)base, a->cfg.device);
   pthread_mutex_unlock(&a->lock);
   return st;
@@ -178,11 +178,11 @@ static vmm_status capture(vmm_arena *a, vmm_pool_id pool, int step) {
   pthread_mutex_lock(&a->lock);
   vmm_status st = VMM_OK;
   const char *call = step > 0 ? "capture_begin" : "capture_end";
-  if (step > 0 && (pool == VMM_POOL_SHARED || vmm_id_set_has(&a->released_pools, pool)))
-    st = vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "%s: pool %llu is %s", call, (unsigned long long)pool,
+  if (step > 0 && (pool == VMM_POOL_SHARED || vmm_ids_has(&a->released_graph_pools, pool)))
+    st = vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT, "%s: pool %llu is %s", call, (unsigned long long)pool,
                   pool == VMM_POOL_SHARED ? "the shared pool" : "released");
   else if (step < 0 && !a->captures_underway)
-    st = vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "%s: pool %llu: no capture is underway", call, (unsigned long long)pool);
+    st = vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT, "%s: pool %llu: no capture is underway", call, (unsigned long long)pool);
   else
     a->captures_underway += (uint32_t)step;
   vmm_trace_arena_op(a, step > 0 ? VMM_TRACE_CAPTURE_BEGIN : VMM_TRACE_CAPTURE_END, -1, 0, 0, 0, NULL, 0, pool, st);

@@ -42,20 +42,20 @@ static size_t reuse_limit(const vmm_arena *a, const vmm_request *req) {
 typedef struct hit_ctx {
   vmm_reuse_ctx order;
   vmm_kind kind;
-  vmm_pool_id pool;
+  vmm_pool_id graph_pool;
   bool shared; /* a graph's request, from the shared cache */
 } hit_ctx;
 
 static bool hit_usable(void *arg, vmm_mapping *m) {
   hit_ctx *c = arg;
   if (m->kind != c->kind) return false;
-  if (c->shared) return m->pool == VMM_POOL_SHARED && vmm_free_complete(c->order.a, m);
-  return m->pool == c->pool && vmm_usable_on_stream(&c->order, m);
+  if (c->shared) return m->graph_pool == VMM_POOL_SHARED && vmm_order_free_complete(c->order.a, m);
+  return m->graph_pool == c->graph_pool && vmm_order_usable_on_stream(&c->order, m);
 }
 
 static vmm_mapping *take_pooled(vmm_arena *a, const vmm_request *req, size_t most, bool shared) {
-  hit_ctx c = {vmm_reuse_on(a, req->stream, req->last_resort), req->kind, req->pool, shared};
-  return vmm_pool_take(&a->store.pool, req->rounded, most, hit_usable, &c);
+  hit_ctx c = {vmm_order_reuse_on(a, req->stream, req->last_resort), req->kind, req->graph_pool, shared};
+  return vmm_store_pool_take(&a->store.pool, req->rounded, most, hit_usable, &c);
 }
 
 static vmm_status from_pool(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
@@ -71,15 +71,15 @@ static vmm_status from_pool(vmm_arena *a, const vmm_request *req, vmm_mapping **
  * caching allocator splits a block). */
 static vmm_status take_run(vmm_arena *a, const vmm_request *req, bool shared, vmm_mapping **out) {
   if (!vmm_policy_of(a)->splits_in_place || !pooling(a, req) || a->cfg.reuse != VMM_REUSE_EXACT) return NOTHING;
-  if (vmm_pool_reserve(&a->store.pool, 2)) return NOTHING;
-  hit_ctx c = {vmm_reuse_on(a, req->stream, req->last_resort), req->kind, req->pool, shared};
+  if (vmm_store_pool_reserve(&a->store.pool, 2)) return NOTHING;
+  hit_ctx c = {vmm_order_reuse_on(a, req->stream, req->last_resort), req->kind, req->graph_pool, shared};
   uint32_t first, count;
-  vmm_mapping *m = vmm_pool_take_run(&a->store.pool, req->rounded, reuse_limit(a, req), hit_usable, &c, &first, &count);
+  vmm_mapping *m = vmm_store_pool_take_run(&a->store.pool, req->rounded, reuse_limit(a, req), hit_usable, &c, &first, &count);
   vmm_mapping *after = NULL;
   if (!m) return NOTHING;
   vmm_mapping *run = vmm_mapping_split_run(a, m, first, count, &after);
-  if (run != m) (void)vmm_pool_push(&a->store.pool, m); /* spare buckets were reserved */
-  if (after) (void)vmm_pool_push(&a->store.pool, after);
+  if (run != m) (void)vmm_store_pool_push(&a->store.pool, m); /* spare buckets were reserved */
+  if (after) (void)vmm_store_pool_push(&a->store.pool, after);
   if (!run) return NOTHING; /* host out of memory: m is pooled as it was */
   if (first) a->run_hits++;
   else a->prefix_hits++;
@@ -96,7 +96,7 @@ static vmm_status from_pool_run(vmm_arena *a, const vmm_request *req, vmm_mappin
  * own pool first: what the graph's pool holds is the graph's until the pool is released, so a
  * shared mapping taken while the pool had one would be held twice. */
 static vmm_status from_shared_whole(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
-  if (!vmm_policy_of(a)->graph_pools_keep || req->pool == VMM_POOL_SHARED || !pooling(a, req)) return NOTHING;
+  if (!vmm_policy_of(a)->graph_pools_keep || req->graph_pool == VMM_POOL_SHARED || !pooling(a, req)) return NOTHING;
   if ((*out = take_pooled(a, req, reuse_limit(a, req), true)) != NULL) {
     a->pool_misses--, a->pool_hits++; /* what from_pool counted a miss of the graph's pool is a hit */
     return VMM_OK;
@@ -106,30 +106,30 @@ static vmm_status from_shared_whole(vmm_arena *a, const vmm_request *req, vmm_ma
 
 /* Whole-process mode: a retired range of exactly the request's size (or a run of a larger
  * one's handles), its handles free again, serves as it is mapped (no driver call; retiring.c). */
-static vmm_status revive(vmm_arena *a, const vmm_request *req, bool part, vmm_mapping **out) {
-  if (!vmm_policy_of(a)->retires_taken_apart || !pooling(a, req) || req->pool != VMM_POOL_SHARED) return NOTHING;
+static vmm_status revive_retired_range(vmm_arena *a, const vmm_request *req, bool part, vmm_mapping **out) {
+  if (!vmm_policy_of(a)->retires_taken_apart || !pooling(a, req) || req->graph_pool != VMM_POOL_SHARED) return NOTHING;
   return vmm_retiring_revive(a, req, part, out);
 }
 
 static vmm_status from_retired(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
-  return revive(a, req, false, out);
+  return revive_retired_range(a, req, false, out);
 }
 
 static vmm_status from_retired_run(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
-  return revive(a, req, true, out);
+  return revive_retired_range(a, req, true, out);
 }
 
 static vmm_status from_refill(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
-  return assembling(a, req) && vmm_refill_wanted(a, req) ? vmm_assemble(a, req, VMM_ASSEMBLE_REFILL, NULL, out)
+  return assembling(a, req) && vmm_assembly_refill_wanted(a, req) ? vmm_assembly_build(a, req, VMM_ASSEMBLE_REFILL, NULL, out)
                                                          : NOTHING; /* refused: the assembly it replaced is next */
 }
 
 static vmm_status from_idle_and_new(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
-  return assembling(a, req) ? vmm_assemble(a, req, VMM_ASSEMBLE_EXACT, NULL, out) : NOTHING;
+  return assembling(a, req) ? vmm_assembly_build(a, req, VMM_ASSEMBLE_EXACT, NULL, out) : NOTHING;
 }
 
 static vmm_status from_new_memory(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
-  return assembling(a, req) ? NOTHING : vmm_assemble(a, req, VMM_ASSEMBLE_NEW, NULL, out);
+  return assembling(a, req) ? NOTHING : vmm_assembly_build(a, req, VMM_ASSEMBLE_NEW, NULL, out);
 }
 
 static vmm_status from_any_pooled(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
@@ -141,7 +141,7 @@ static vmm_status from_any_pooled(vmm_arena *a, const vmm_request *req, vmm_mapp
 
 static vmm_status from_idle_padded(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
   if (!pooling(a, req) || req->exact) return NOTHING;
-  vmm_status st = vmm_assemble(a, req, VMM_ASSEMBLE_PADDED, NULL, out);
+  vmm_status st = vmm_assembly_build(a, req, VMM_ASSEMBLE_PADDED, NULL, out);
   return st == VMM_ERR_OUT_OF_MEMORY ? NOTHING : st;
 }
 
@@ -153,11 +153,11 @@ static vmm_status from_released_cache(vmm_arena *a, const vmm_request *req, vmm_
   if (!vmm_policy_of(a)->releases_on_refusal || !has_cache(a)) return NOTHING;
   char refusal[sizeof a->last_error];
   memcpy(refusal, a->last_error, sizeof refusal);
-  vmm_status st = vmm_cache_release(a, "a request refused new memory");
+  vmm_status st = vmm_arena_release_cache(a, "a request refused new memory");
   memcpy(a->last_error, refusal, sizeof refusal); /* the refusal stays the message if the retry fails too */
   if (st != VMM_OK) return NOTHING;
   a->cache_releases++;
-  return vmm_assemble(a, req, vmm_assembly_mode_for(a, req->kind), NULL, out);
+  return vmm_assembly_build(a, req, vmm_assembly_mode_for(a, req->kind), NULL, out);
 }
 
 /* Whole-process mode orders a request after incomplete frees by events (the request's stream
@@ -214,8 +214,8 @@ static const struct {
     {true, from_released_cache}, /* whole-process mode: the cache released, then new memory again */
 };
 
-vmm_status vmm_alloc_mapping(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
-  vmm_process_deferred(a);
+vmm_status vmm_arena_alloc_mapping(vmm_arena *a, const vmm_request *req, vmm_mapping **out) {
+  vmm_order_process_deferred(a);
   char refusal[sizeof a->last_error];
   bool refused = false;
   for (size_t i = 0; i < sizeof sources / sizeof sources[0]; i++) {
@@ -237,18 +237,18 @@ vmm_status vmm_alloc_mapping(vmm_arena *a, const vmm_request *req, vmm_mapping *
     return VMM_ERR_OUT_OF_MEMORY;
   }
   char b[2][32];
-  return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "%s; no pooled mapping fits (pool %zu mappings, %s; %zu idle handles, %s)",
-                  refusal, a->store.pool.count, vmm_fmt_bytes(a->store.pool.bytes, b[0]), a->store.idle_count,
-                  vmm_fmt_bytes(a->store.idle_bytes, b[1]));
+  return vmm_errors_fail(a, VMM_ERR_OUT_OF_MEMORY, "%s; no pooled mapping fits (pool %zu mappings, %s; %zu idle handles, %s)",
+                  refusal, a->store.pool.count, vmm_errors_fmt_bytes(a->store.pool.bytes, b[0]), a->store.idle_count,
+                  vmm_errors_fmt_bytes(a->store.idle_bytes, b[1]));
 }
 
 /* ---- Releasing the cache ---------------------------------------------------------- */
 
-vmm_status vmm_free_page(vmm_arena *a, vmm_mapping *m) {
+vmm_status vmm_arena_free_page(vmm_arena *a, vmm_mapping *m) {
   vmm_page_key key = m->page->set->key;
   bool freed;
   vmm_pages_uncarve(a, m);
-  vmm_status st = vmm_free_mapping(a, m, key.stream, &freed);
+  vmm_status st = vmm_arena_free_allocation(a, m, key.stream, &freed);
   if (freed) return VMM_OK;
   vmm_pages_carve(a, m, &key); /* with the record just given up */
   return st;
@@ -260,11 +260,11 @@ static vmm_status free_empty_pages(vmm_arena *a) {
   vmm_pages_settle(a);
   vmm_mapping *m;
   vmm_status st = VMM_OK;
-  while (st == VMM_OK && (m = vmm_pages_find_empty(a)) != NULL) st = vmm_free_page(a, m);
+  while (st == VMM_OK && (m = vmm_pages_find_empty(a)) != NULL) st = vmm_arena_free_page(a, m);
   return st;
 }
 
-vmm_status vmm_cache_release(vmm_arena *a, const char *what) {
+vmm_status vmm_arena_release_cache(vmm_arena *a, const char *what) {
   vmm_status st = free_empty_pages(a);
   return st == VMM_OK ? vmm_drain_all(a, what) : st;
 }
@@ -284,26 +284,26 @@ static const char *state_name(vmm_mapping_state s) {
   return "?";
 }
 
-vmm_status vmm_refuse_pointer(vmm_arena *a, CUdeviceptr p, vmm_mapping *m) {
+vmm_status vmm_arena_refuse_pointer(vmm_arena *a, CUdeviceptr p, vmm_mapping *m) {
   char b[32];
   if (m && !m->page)
-    return vmm_fail(a, VMM_ERR_UNKNOWN_POINTER, "free(0x%llx): %s %s allocation of %zu bytes is %s", (unsigned long long)p,
-                    vmm_fmt_bytes(m->extent, b), vmm_kind_name(m->kind), m->requested,
+    return vmm_errors_fail(a, VMM_ERR_UNKNOWN_POINTER, "free(0x%llx): %s %s allocation of %zu bytes is %s", (unsigned long long)p,
+                    vmm_errors_fmt_bytes(m->extent, b), vmm_errors_kind_name(m->kind), m->requested,
                     vmm_mapping_kept(m) ? "already freed (paused; its graph's pool keeps the range)" : state_name(m->state));
   vmm_mapping *c = m ? m : vmm_table_containing(&a->table, p);
   if (c && c->page)
-    return vmm_fail(a, VMM_ERR_UNKNOWN_POINTER,
+    return vmm_errors_fail(a, VMM_ERR_UNKNOWN_POINTER,
                     "free(0x%llx): no taken slot starts there in the %s page at 0x%llx (slots of %zu bytes, %u of %u "
                     "taken); free takes the address allocated",
-                    (unsigned long long)p, vmm_kind_name(c->kind), (unsigned long long)c->base,
+                    (unsigned long long)p, vmm_errors_kind_name(c->kind), (unsigned long long)c->base,
                     c->page->set->key.slot_size, c->page->used, c->page->slots);
   if (c)
-    return vmm_fail(a, VMM_ERR_UNKNOWN_POINTER,
+    return vmm_errors_fail(a, VMM_ERR_UNKNOWN_POINTER,
                     "free(0x%llx): interior pointer, %llu bytes into the %s allocation at 0x%llx (%s extent, %zu bytes "
                     "requested); free takes the base pointer",
-                    (unsigned long long)p, (unsigned long long)(p - c->base), vmm_kind_name(c->kind),
-                    (unsigned long long)c->base, vmm_fmt_bytes(c->extent, b), c->requested);
-  return vmm_fail(a, VMM_ERR_UNKNOWN_POINTER, "free(0x%llx): not an allocation of the arena of device %d (%zu mappings)",
+                    (unsigned long long)p, (unsigned long long)(p - c->base), vmm_errors_kind_name(c->kind),
+                    (unsigned long long)c->base, vmm_errors_fmt_bytes(c->extent, b), c->requested);
+  return vmm_errors_fail(a, VMM_ERR_UNKNOWN_POINTER, "free(0x%llx): not an allocation of the arena of device %d (%zu mappings)",
                   (unsigned long long)p, a->cfg.device, a->table.count);
 }
 
@@ -312,11 +312,11 @@ vmm_status vmm_refuse_pointer(vmm_arena *a, CUdeviceptr p, vmm_mapping *m) {
 static vmm_status free_now(vmm_arena *a, vmm_mapping *m, CUstream stream, bool *freed) {
   vmm_mapping_begin_freeing(a, m);
   pthread_mutex_unlock(&a->lock);
-  CUresult r = vmm_stream_wait(a, stream);
+  CUresult r = vmm_order_stream_wait(a, stream);
   pthread_mutex_lock(&a->lock);
   vmm_mapping_end_freeing(a, m);
   if (r != CUDA_SUCCESS)
-    return vmm_fail_driver(a, r, VMM_DRV_stream_synchronize, "synchronizing stream %p before freeing 0x%llx",
+    return vmm_errors_fail_driver(a, r, VMM_DRV_stream_synchronize, "synchronizing stream %p before freeing 0x%llx",
                            (void *)stream, (unsigned long long)m->base);
   if (vmm_scope_aborted(a, m->scope_id)) { /* aborted while the stream synchronized, unlocked */
     vmm_mapping_abandon(a, m);
@@ -324,7 +324,7 @@ static vmm_status free_now(vmm_arena *a, vmm_mapping *m, CUstream stream, bool *
     return VMM_OK;
   }
   /* A failed unmap leaves the allocation live (*freed false): a later free retries. */
-  return vmm_mapping_retire(a, m, vmm_policy_of(a)->keeps_frees, "free", freed);
+  return vmm_mapping_unmap_and_end(a, m, vmm_policy_of(a)->keeps_frees, "free", freed);
 }
 
 /* Whether a free on `stream` waits for a capture to end before its memory is kept or given
@@ -333,29 +333,29 @@ static vmm_status free_now(vmm_arena *a, vmm_mapping *m, CUstream stream, bool *
  * underway, so that a free makes no driver call otherwise. */
 static bool waits_for_capture(vmm_arena *a, const vmm_mapping *m, CUstream stream, bool pooled) {
   if (vmm_policy_of(a)->free_never_waits)
-    return a->captures_underway && m->pool == VMM_POOL_SHARED && vmm_stream_capturing(a, stream);
-  return !pooled && vmm_stream_capturing(a, stream);
+    return a->captures_underway && m->graph_pool == VMM_POOL_SHARED && vmm_order_capturing(a, stream);
+  return !pooled && vmm_order_capturing(a, stream);
 }
 
 /* Frees a live mapping: abandoned with its aborted scope, pooled where frees keep their
  * memory, deferred while its stream captures, or unmapped now. */
 static vmm_status free_live(vmm_arena *a, vmm_mapping *m, CUstream stream, bool *freed) {
-  vmm_process_deferred(a);
+  vmm_order_process_deferred(a);
   *freed = true;
   if (vmm_scope_aborted(a, m->scope_id)) {
     vmm_mapping_abandon(a, m);
     return VMM_OK;
   }
-  if (m->pool != VMM_POOL_SHARED && vmm_id_set_has(&a->released_pools, m->pool))
-    m->pool = VMM_POOL_SHARED; /* its graph is gone: shared, as release_pool made what was pooled */
+  if (m->graph_pool != VMM_POOL_SHARED && vmm_ids_has(&a->released_graph_pools, m->graph_pool))
+    m->graph_pool = VMM_POOL_SHARED; /* its graph is gone: shared, as release_pool made what was pooled */
   const vmm_policy *pol = vmm_policy_of(a);
   bool pooled = vmm_policy_pools(pol, m->kind);
   bool capturing = waits_for_capture(a, m, stream, pooled);
   /* where no bucket can be allocated, the mapping is freed the plain way (handles kept idle) */
   if (pooled && !capturing && vmm_mapping_pool(a, m, stream) == 0) return VMM_OK;
-  if (pooled && !pol->free_never_waits) capturing = vmm_stream_capturing(a, stream); /* the pool had no room */
+  if (pooled && !pol->free_never_waits) capturing = vmm_order_capturing(a, stream); /* the pool had no room */
   if (capturing) {
-    vmm_deferred_push(a, m, stream);
+    vmm_order_deferred_push(a, m, stream);
     return VMM_OK;
   }
   *freed = false;
@@ -365,44 +365,44 @@ static vmm_status free_live(vmm_arena *a, vmm_mapping *m, CUstream stream, bool 
 /* Memory allocated into a graph's pool stays the pool's while the graph lives (SPEC, "CUDA
  * graphs"): the graph replays into it even after the allocation is freed. */
 static bool graph_keeps(const vmm_arena *a, const vmm_mapping *m) {
-  return vmm_policy_of(a)->graph_pools_keep && m->pool != VMM_POOL_SHARED && !vmm_id_set_has(&a->released_pools, m->pool);
+  return vmm_policy_of(a)->graph_pools_keep && m->graph_pool != VMM_POOL_SHARED && !vmm_ids_has(&a->released_graph_pools, m->graph_pool);
 }
 
-vmm_status vmm_free_mapping(vmm_arena *a, vmm_mapping *m, CUstream stream, bool *freed) {
+vmm_status vmm_arena_free_allocation(vmm_arena *a, vmm_mapping *m, CUstream stream, bool *freed) {
   *freed = false;
   if (m->state == VMM_MAP_PAUSED && graph_keeps(a, m)) {
     if (m->handle_count) { /* mapped again by a resume whose copy failed: pooled as it is */
       vmm_mapping_resume(a, m);
-      return vmm_free_mapping(a, m, stream, freed);
+      return vmm_arena_free_allocation(a, m, stream, freed);
     }
     vmm_mapping_keep(m); /* its range stays the pool's, unbacked, until resume or release_pool */
     *freed = true;
     return VMM_OK;
   }
   if (m->state == VMM_MAP_PAUSED) {
-    vmm_status st = vmm_mapping_free_paused(a, m, vmm_policy_of(a)->keeps_frees);
+    vmm_status st = vmm_mapping_end_paused(a, m, vmm_policy_of(a)->keeps_frees);
     *freed = st == VMM_OK;
     return st;
   }
   uint32_t tag = m->tag;
   size_t extent = m->extent;
   vmm_status st = free_live(a, m, stream, freed);
-  if (*freed) vmm_tag_account(a, tag, extent, -1);
+  if (*freed) vmm_accounting_add_tag(a, tag, extent, -1);
   return st;
 }
 
-vmm_status vmm_pool_kept(vmm_arena *a, vmm_mapping *m) {
+vmm_status vmm_arena_free_kept(vmm_arena *a, vmm_mapping *m) {
   bool freed;
   m->kept = false;
-  return vmm_free_mapping(a, m, m->stream, &freed);
+  return vmm_arena_free_allocation(a, m, m->stream, &freed);
 }
 
 vmm_status vmm_arena_quiesce(vmm_arena *a) {
   if (!a) return VMM_ERR_INVALID_ARGUMENT;
   pthread_mutex_lock(&a->lock);
-  vmm_process_deferred(a);
-  vmm_status st = vmm_quiesce(a);
-  vmm_ctx_leave(a);
+  vmm_order_process_deferred(a);
+  vmm_status st = vmm_order_quiesce(a);
+  vmm_driver_ctx_leave(a);
   pthread_mutex_unlock(&a->lock);
   return st;
 }
@@ -414,7 +414,7 @@ void vmm_arena_destroy(vmm_arena *a) {
   pthread_mutex_lock(&a->lock);
   a->destroying = true; /* failures are logged, and nothing is kept for a retry */
   vmm_pages_fini(a);
-  vmm_stream_order_fini(a); /* waits for all work first */
+  vmm_order_fini(a); /* waits for all work first */
   vmm_unmapper_stop(a);
   vmm_retiring_fini(a);
   vmm_ipc_fini(a); /* imports of other processes' memory still open */
@@ -424,19 +424,19 @@ void vmm_arena_destroy(vmm_arena *a) {
     vmm_mapping_destroy(a, m);
   }
   vmm_handle *h;
-  while ((h = vmm_idle_largest(a)) != NULL) {
-    vmm_idle_remove(a, h);
+  while ((h = vmm_store_idle_largest(a)) != NULL) {
+    vmm_store_idle_remove(a, h);
     (void)vmm_handle_release(a, h);
   }
-  while ((h = vmm_abandoned_pop(a)) != NULL) (void)vmm_handle_release(a, h);
-  vmm_pool_fini(&a->store.pool);
+  while ((h = vmm_store_abandoned_pop(a)) != NULL) (void)vmm_handle_release(a, h);
+  vmm_store_pool_fini(&a->store.pool);
   vmm_table_fini(&a->table);
   vmm_ranges_fini(a);
   vmm_copier_stop(a); /* threads, staging and copy streams of pause and resume */
-  vmm_device_close(a);
+  vmm_arena_create_close_device(a);
   vmm_trace_close(a->trace);
-  vmm_id_set_fini(&a->aborted_scopes);
-  vmm_id_set_fini(&a->released_pools);
+  vmm_ids_fini(&a->aborted_scopes);
+  vmm_ids_fini(&a->released_graph_pools);
   free(a->tag_bytes);
   free(a->tag_count);
   free(a->tag_paused_bytes);
@@ -453,7 +453,7 @@ vmm_status vmm_arena_trace(vmm_arena *a, const char *path) {
   vmm_trace_close(a->trace);
   a->trace = NULL;
   if (path && !vmm_trace_arena_open(a, path))
-    st = vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "trace \"%s\": cannot open for writing: %s", path, strerror(errno));
+    st = vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT, "trace \"%s\": cannot open for writing: %s", path, strerror(errno));
   pthread_mutex_unlock(&a->lock);
   return st;
 }

@@ -17,7 +17,7 @@ static vmm_status create_fail(vmm_arena *a, vmm_status s, const char *fmt, ...) 
   va_start(ap, fmt);
   vsnprintf(create_error, sizeof create_error, fmt, ap);
   va_end(ap);
-  if (a) vmm_log(1, a->cfg.log_level, "vmmarena: %s", create_error);
+  if (a) vmm_errors_log(1, a->cfg.log_level, "vmmarena: %s", create_error);
   return s;
 }
 
@@ -26,7 +26,7 @@ static vmm_status created(vmm_arena *a, CUresult r, vmm_driver_entry e) {
   if (r == CUDA_SUCCESS) return VMM_OK;
   return create_fail(a, r == CUDA_ERROR_OUT_OF_MEMORY ? VMM_ERR_OUT_OF_MEMORY : VMM_ERR_DRIVER,
                      "creating the arena for device %d: %s returned %s (%d)", a->cfg.device, vmm_driver_entry_name(e),
-                     vmm_cu_error_name(a, r), (int)r);
+                     vmm_errors_cu_name(a, r), (int)r);
 }
 
 #define CREATED(a, field, ...) created(a, VMM_DRV(a, field, __VA_ARGS__), VMM_DRV_##field)
@@ -155,7 +155,7 @@ static vmm_status open_trace(vmm_arena *a) {
 
 /* Undoes a creation that failed after the record was made. */
 static void unmake(vmm_arena *a, bool retained_ctx) {
-  vmm_ctx_leave(a);
+  vmm_driver_ctx_leave(a);
   if (retained_ctx) (void)VMM_DRV_COUNTED(a, primary_ctx_release, a->dev);
   vmm_table_fini(&a->table);
   pthread_mutex_destroy(&a->lock);
@@ -200,12 +200,12 @@ vmm_status vmm_arena_create(const vmm_config *cfg, vmm_arena **out) {
   }
   a->handle_bound = cfg->handle_bound_bytes ? vmm_round_up(a, cfg->handle_bound_bytes) : 0;
   a->retention_enabled = cfg->retain == VMM_RETAIN_ON || (cfg->retain == VMM_RETAIN_AUTO && a->integrated);
-  vmm_ctx_leave(a);
+  vmm_driver_ctx_leave(a);
   *out = a;
   return VMM_OK;
 }
 
-void vmm_device_close(vmm_arena *a) {
+void vmm_arena_create_close_device(vmm_arena *a) {
   if (a->ctx) (void)VMM_DRV(a, primary_ctx_release, a->dev);
-  vmm_ctx_leave(a);
+  vmm_driver_ctx_leave(a);
 }

@@ -22,7 +22,7 @@ typedef struct plan {
   size_t covered;         /* bytes of the idle handles chosen */
   size_t fresh;           /* bytes to create */
   vmm_reuse_ctx *order;   /* the request's stream (NULL for a resume: nothing is taken apart early) */
-  vmm_pool_id pool;       /* the request's pool */
+  vmm_pool_id graph_pool;       /* the request's pool */
   bool early_shared;      /* shared pooled mappings may be taken apart early (no capture underway) */
   vmm_mapping *grow;      /* a pooled mapping taken whole that stays mapped where it is, or NULL */
   CUdeviceptr beside;     /* where the rest goes: right after grow or right before it */
@@ -58,9 +58,9 @@ static bool has_handle_at_most(const vmm_mapping *m, size_t most) {
  * reach the shared idle tier while the graph lives). The range of those taken stays mapped,
  * retiring, until the pool is released: the graph's replays use that address. */
 static bool graph_takes_apart(vmm_arena *a, const plan *p, vmm_mapping *m, size_t left, bool padded) {
-  if (!vmm_policy_of(a)->graph_pools_keep || !p->order || m->pool != p->pool || padded || m->handles[0]->size > left)
+  if (!vmm_policy_of(a)->graph_pools_keep || !p->order || m->graph_pool != p->graph_pool || padded || m->handles[0]->size > left)
     return false;
-  return (m->early = vmm_usable_on_stream(p->order, m));
+  return (m->early = vmm_order_usable_on_stream(p->order, m));
 }
 
 /* A pooled mapping may be taken apart if it is of the shared pool (a graph's memory stays its
@@ -69,26 +69,26 @@ static bool graph_takes_apart(vmm_arena *a, const plan *p, vmm_mapping *m, size_
  * the request's stream can be ordered after that work; then its range retires (retiring.c). */
 static bool can_take_apart(vmm_arena *a, const plan *p, vmm_mapping *m, size_t left, bool padded) {
   if (m->chosen) return false;
-  if (m->pool != VMM_POOL_SHARED) return graph_takes_apart(a, p, m, left, padded);
+  if (m->graph_pool != VMM_POOL_SHARED) return graph_takes_apart(a, p, m, left, padded);
   if (!(padded || has_handle_at_most(m, left))) return false;
-  if (!vmm_policy_of(a)->retires_taken_apart) return vmm_can_wait_for_free(a, m);
+  if (!vmm_policy_of(a)->retires_taken_apart) return vmm_order_can_wait_for_free(a, m);
   m->early = false;
-  if (vmm_free_complete(a, m)) return true;
+  if (vmm_order_free_complete(a, m)) return true;
   /* early: its first handles only, the rest stays pooled (idle, it could serve before its work is done) */
-  return p->early_shared && !padded && m->handles[0]->size <= left && (m->early = vmm_usable_on_stream(p->order, m));
+  return p->early_shared && !padded && m->handles[0]->size <= left && (m->early = vmm_order_usable_on_stream(p->order, m));
 }
 
 /* The pooled mapping to take apart for `left` bytes: the smallest that covers them, else the
  * largest smaller one. */
 static vmm_mapping *pick_apart(vmm_arena *a, const plan *p, size_t left, bool padded) {
-  for (vmm_bucket *b = vmm_pool_bucket_near(&a->store.pool, left, true); b;
-       b = vmm_pool_bucket_near(&a->store.pool, b->size + 1, true)) {
+  for (vmm_bucket *b = vmm_store_pool_bucket_near(&a->store.pool, left, true); b;
+       b = vmm_store_pool_bucket_near(&a->store.pool, b->size + 1, true)) {
     vmm_assert(b->head); /* no empty bucket */
     for (vmm_mapping *m = b->head; m; m = m->pool_next)
       if (can_take_apart(a, p, m, left, padded)) return m;
   }
-  for (vmm_bucket *b = left > 1 ? vmm_pool_bucket_near(&a->store.pool, left - 1, false) : NULL; b;
-       b = b->size > 1 ? vmm_pool_bucket_near(&a->store.pool, b->size - 1, false) : NULL) {
+  for (vmm_bucket *b = left > 1 ? vmm_store_pool_bucket_near(&a->store.pool, left - 1, false) : NULL; b;
+       b = b->size > 1 ? vmm_store_pool_bucket_near(&a->store.pool, b->size - 1, false) : NULL) {
     vmm_assert(b->head);
     for (vmm_mapping *m = b->head; m; m = m->pool_next)
       if (can_take_apart(a, p, m, left, padded)) return m;
@@ -118,7 +118,7 @@ static void count_plan(vmm_arena *a, const plan *p, int sign) {
 static void plan_undo(vmm_arena *a, plan *p) {
   for (uint32_t i = 0; i < p->n_idle; i++) {
     p->use[i]->taken = false;
-    if (i < p->n_idle_tier) vmm_idle_put(a, p->use[i]);
+    if (i < p->n_idle_tier) vmm_store_idle_put(a, p->use[i]);
   }
   for (size_t i = 0; i < p->n_apart; i++) p->apart[i]->chosen = p->apart[i]->early = false;
 }
@@ -129,8 +129,8 @@ static void plan_undo(vmm_arena *a, plan *p) {
 static void plan_idle(vmm_arena *a, plan *p, size_t rounded, bool padded) {
   size_t left = rounded;
   vmm_handle *h;
-  while (left && (h = vmm_idle_take_at_most(a, left)) != NULL) plan_use(p, h, &left);
-  if (left && padded && (h = vmm_idle_take_at_least(a, left)) != NULL) plan_use(p, h, &left);
+  while (left && (h = vmm_store_idle_take_at_most(a, left)) != NULL) plan_use(p, h, &left);
+  if (left && padded && (h = vmm_store_idle_take_at_least(a, left)) != NULL) plan_use(p, h, &left);
   p->n_idle_tier = p->n_use;
   vmm_mapping *m;
   size_t share = vmm_policy_of(a)->overshoot_share;
@@ -141,7 +141,7 @@ static void plan_idle(vmm_arena *a, plan *p, size_t rounded, bool padded) {
     for (uint32_t i = 0; i < m->handle_count && left; i++)
       if (m->handles[i]->size <= left) plan_use(p, m->handles[i], &left);
       else if (m->handles[i]->size - left <= over) plan_use(p, m->handles[i], &left);
-      else if (m->pool != VMM_POOL_SHARED || m->early) break; /* a graph's, or early: its first handles only */
+      else if (m->graph_pool != VMM_POOL_SHARED || m->early) break; /* a graph's, or early: its first handles only */
     if (left && padded) { /* the smallest handle left in m covers the rest */
       vmm_handle *best = NULL;
       for (uint32_t i = 0; i < m->handle_count; i++)
@@ -170,8 +170,8 @@ static CUdeviceptr room_beside(const vmm_arena *a, const vmm_mapping *m, size_t 
  * is chosen whole. */
 static vmm_mapping *pick_growth(vmm_arena *a, plan *p, size_t rounded) {
   size_t looked = 0;
-  for (vmm_bucket *b = vmm_pool_bucket_near(&a->store.pool, rounded - 1, false); b && looked < VMM_GROW_LOOK;
-       b = b->size > 1 ? vmm_pool_bucket_near(&a->store.pool, b->size - 1, false) : NULL) {
+  for (vmm_bucket *b = vmm_store_pool_bucket_near(&a->store.pool, rounded - 1, false); b && looked < VMM_GROW_LOOK;
+       b = b->size > 1 ? vmm_store_pool_bucket_near(&a->store.pool, b->size - 1, false) : NULL) {
     vmm_assert(b->head);
     for (vmm_mapping *m = b->head; m && looked < VMM_GROW_LOOK; m = m->pool_next, looked++) {
       size_t rest = rounded - m->extent;
@@ -239,17 +239,17 @@ static void restore_apart(vmm_arena *a, vmm_mapping **apart, size_t n) {
     m->chosen = false;
     if (m->early) { /* never unmapped */
       m->early = false;
-      vmm_pool_push(&a->store.pool, m);
+      vmm_store_pool_push(&a->store.pool, m);
       continue;
     }
     vmm_driver_entry failed;
     size_t first_stuck = a->ranges.stuck_count;
-    if (vmm_map_handles(a, m->base, m->handles, m->handle_count, m->extent, &failed) == CUDA_SUCCESS) {
-      vmm_add_mapped(a, m->extent);
-      vmm_pool_push(&a->store.pool, m); /* cannot fail: its bucket is on the spare list or in the tree */
+    if (vmm_mapping_map_handles(a, m->base, m->handles, m->handle_count, m->extent, &failed) == CUDA_SUCCESS) {
+      vmm_accounting_add_mapped(a, m->extent);
+      vmm_store_pool_push(&a->store.pool, m); /* cannot fail: its bucket is on the spare list or in the tree */
       continue;
     }
-    vmm_mapping_dispose(a, m, true, first_stuck);
+    vmm_mapping_end_unmapped(a, m, true, first_stuck);
   }
 }
 
@@ -268,19 +268,19 @@ static void release_created(vmm_arena *a, vmm_handle **h, uint32_t n) {
 /* Creates n handles (objects in h, sizes set) for fresh bytes. On failure releases those made. */
 static vmm_status create_handles(vmm_arena *a, const vmm_request *req, vmm_handle **h, uint32_t n, size_t fresh) {
   if (n > 1) {
-    vmm_status st = vmm_admit_device(a, req->bytes, req->rounded, fresh, n, req->kind);
+    vmm_status st = vmm_admission_admit_device(a, req->bytes, req->rounded, fresh, n, req->kind);
     if (st != VMM_OK) return st;
   }
   for (uint32_t i = 0; i < n; i++) {
     CUresult r = vmm_handle_create(a, h[i]);
     if (r == CUDA_SUCCESS) continue;
     release_created(a, h, i);
-    if (r == CUDA_ERROR_OUT_OF_MEMORY) return vmm_refuse_driver_oom(a, req->bytes, req->rounded, req->kind);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) return vmm_admission_refuse_driver_oom(a, req->bytes, req->rounded, req->kind);
     char b[2][32];
-    return vmm_fail_driver(a, r, VMM_DRV_mem_create,
+    return vmm_errors_fail_driver(a, r, VMM_DRV_mem_create,
                            "%s %s (requested %zu B, rounded %zu B): creating physical memory (handle %u of %u, %s)",
-                           vmm_kind_name(req->kind), vmm_fmt_bytes(req->rounded, b[0]), req->bytes, req->rounded, i + 1,
-                           n, vmm_fmt_bytes(h[i]->size, b[1]));
+                           vmm_errors_kind_name(req->kind), vmm_errors_fmt_bytes(req->rounded, b[0]), req->bytes, req->rounded, i + 1,
+                           n, vmm_errors_fmt_bytes(h[i]->size, b[1]));
   }
   return VMM_OK;
 }
@@ -317,23 +317,23 @@ static vmm_status unmap_apart(vmm_arena *a, plan *p) {
   bool retires = vmm_policy_of(a)->retires_taken_apart;
   for (size_t i = 0; i < p->n_apart; i++) { /* a whole shared one stays mapped: it may serve again */
     vmm_mapping *m = p->apart[i];
-    if (retires && m->pool == VMM_POOL_SHARED && all_taken(m)) m->early = true;
+    if (retires && m->graph_pool == VMM_POOL_SHARED && all_taken(m)) m->early = true;
     n_early += m->early && m != p->grow; /* the grown one stays mapped, but does not retire */
   }
-  if (n_early && (vmm_retiring_reserve(a, n_early) || vmm_pool_reserve(&a->store.pool, n_early) || copy_split_uses(p)))
-    return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for %zu retiring ranges", n_early);
+  if (n_early && (vmm_retiring_reserve(a, n_early) || vmm_store_pool_reserve(&a->store.pool, n_early) || copy_split_uses(p)))
+    return vmm_errors_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for %zu retiring ranges", n_early);
   for (size_t i = 0; i < p->n_apart && !retires; i++) { /* whole-process mode: known complete */
-    vmm_status st = vmm_wait_for_free(a, p->apart[i], "assembly", waited, &n_waited, 8);
+    vmm_status st = vmm_order_wait_for_free(a, p->apart[i], "assembly", waited, &n_waited, 8);
     if (st == VMM_ERR_SCOPE_STATE) st = VMM_ERR_OUT_OF_MEMORY; /* began capturing since the plan */
     if (st != VMM_OK) return st;
   }
   for (size_t i = 0; i < p->n_apart; i++) {
     vmm_mapping *m = p->apart[i];
-    vmm_pool_remove(&a->store.pool, m);
+    vmm_store_pool_remove(&a->store.pool, m);
     if (m->early) continue;
     vmm_status st = vmm_mapping_unmap(a, m, "taking a pooled mapping apart for an assembly");
     if (st != VMM_OK) {
-      vmm_pool_push(&a->store.pool, m); /* still mapped; its bucket is on the spare list */
+      vmm_store_pool_push(&a->store.pool, m); /* still mapped; its bucket is on the spare list */
       for (size_t j = i; j < p->n_apart; j++) p->apart[j]->chosen = p->apart[j]->early = false; /* pooled as before */
       restore_apart(a, p->apart, i);
       p->n_apart = 0; /* restored: nothing left to undo */
@@ -352,16 +352,16 @@ static void retire_early(vmm_arena *a, vmm_mapping *m, CUstream *uses) {
   while (taken < m->handle_count && m->handles[taken]->taken) taken++;
   vmm_kind kind = m->kind;
   /* a shared range keeps the list of the handles it maps; a graph's, or none for the host, only retires */
-  vmm_handle **list = m->pool == VMM_POOL_SHARED ? malloc(taken * sizeof *list) : NULL;
+  vmm_handle **list = m->graph_pool == VMM_POOL_SHARED ? malloc(taken * sizeof *list) : NULL;
   if (list) memcpy(list, m->handles, taken * sizeof *list);
   vmm_retiring_range range;
   if (taken < m->handle_count) {
     vmm_mapping_split_off(a, m, taken, uses, &range);
     m->chosen = m->early = false;
-    (void)vmm_pool_push(&a->store.pool, m); /* a spare bucket was reserved */
+    (void)vmm_store_pool_push(&a->store.pool, m); /* a spare bucket was reserved */
   } else { /* every handle taken */
     for (uint32_t j = 0; j < m->handle_count; j++) m->handles[j] = NULL;
-    vmm_mapping_hand_over(a, m, &range);
+    vmm_mapping_end_retiring(a, m, &range);
   }
   range.handles = list, range.handle_count = list ? taken : 0, range.kind = kind;
   vmm_retiring_add(a, &range);
@@ -374,7 +374,7 @@ static void commit_apart(vmm_arena *a, plan *p) {
   for (size_t i = 0; i < p->n_apart; i++) {
     vmm_mapping *m = p->apart[i];
     if (m == p->grow) {
-      vmm_mapping_dissolve(a, m);
+      vmm_mapping_end_into_grown(a, m);
       continue;
     }
     a->pooled_taken_apart++;
@@ -385,7 +385,7 @@ static void commit_apart(vmm_arena *a, plan *p) {
     }
     for (uint32_t j = 0; j < m->handle_count; j++)
       if (m->handles[j]->taken) m->handles[j] = NULL;
-    vmm_mapping_dispose(a, m, true, VMM_NO_STUCK);
+    vmm_mapping_end_unmapped(a, m, true, VMM_NO_STUCK);
   }
 }
 
@@ -407,13 +407,13 @@ typedef struct assembly {
 /* Plans req (a resume when `resume`: nothing is taken apart early) into *p, ordered by *order. */
 static vmm_status plan_make(vmm_arena *a, const vmm_request *req, bool resume, bool padded, vmm_reuse_ctx *order,
                             plan *p) {
-  *order = vmm_reuse_on(a, req->stream, req->last_resort);
+  *order = vmm_order_reuse_on(a, req->stream, req->last_resort);
   p->order = resume ? NULL : order;
-  p->pool = req->pool;
-  p->early_shared = vmm_policy_of(a)->retires_taken_apart && !a->captures_underway && !resume && req->pool == VMM_POOL_SHARED;
+  p->graph_pool = req->graph_pool;
+  p->early_shared = vmm_policy_of(a)->retires_taken_apart && !a->captures_underway && !resume && req->graph_pool == VMM_POOL_SHARED;
   p->use = malloc((a->store.idle_count + a->store.pool.handles + 1) * sizeof *p->use);
   p->apart = malloc((a->store.pool.count + 1) * sizeof *p->apart);
-  if (!p->use || !p->apart) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for an assembly");
+  if (!p->use || !p->apart) return vmm_errors_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for an assembly");
   if (vmm_grows_in_place(a) && !resume && !padded) plan_growth(a, p, req->rounded);
   else plan_idle(a, p, req->rounded, padded);
   return VMM_OK;
@@ -427,7 +427,7 @@ static double refill_room(const vmm_arena *a, const vmm_request *req) {
   return a->cfg.refill_live_share * (double)live; /* 0 when off */
 }
 
-bool vmm_refill_wanted(vmm_arena *a, const vmm_request *req) {
+bool vmm_assembly_refill_wanted(vmm_arena *a, const vmm_request *req) {
   if (!vmm_policy_of(a)->refills || (double)(a->physical_bytes + req->rounded) > refill_room(a, req)) return false;
   plan p = {0};
   vmm_reuse_ctx order;
@@ -468,12 +468,12 @@ static void plan_step_undo(vmm_arena *a, assembly *x) {
 static vmm_status padded_step(vmm_arena *a, assembly *x) {
   if (x->mode != VMM_ASSEMBLE_PADDED || (!x->p.fresh && x->p.n_idle)) return VMM_OK;
   char b[2][32];
-  return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "idle handles cover %s of %s", vmm_fmt_bytes(x->p.covered, b[0]),
-                  vmm_fmt_bytes(x->req->rounded, b[1]));
+  return vmm_errors_fail(a, VMM_ERR_OUT_OF_MEMORY, "idle handles cover %s of %s", vmm_errors_fmt_bytes(x->p.covered, b[0]),
+                  vmm_errors_fmt_bytes(x->req->rounded, b[1]));
 }
 
 static vmm_status admit_step(vmm_arena *a, assembly *x) {
-  return x->p.fresh ? vmm_admit(a, x->req->bytes, x->req->rounded, x->p.fresh, x->req->kind) : VMM_OK;
+  return x->p.fresh ? vmm_admission_admit(a, x->req->bytes, x->req->rounded, x->p.fresh, x->req->kind) : VMM_OK;
 }
 
 static void records_step_undo(vmm_arena *a, assembly *x);
@@ -488,13 +488,13 @@ static vmm_status records_step(vmm_arena *a, assembly *x) {
       (!x->into && !(x->m = vmm_mapping_new())) ||
       (!x->into && vmm_table_reserve(&a->table))) {
     records_step_undo(a, x);
-    return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for a mapping record");
+    return vmm_errors_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for a mapping record");
   }
   size_t rest = x->p.fresh;
   for (uint32_t i = 0; i < x->n_new; rest -= x->created[i]->size, i++)
     if (!(x->created[i] = vmm_handle_new(cut(rest, bound), x->req->kind))) {
       records_step_undo(a, x);
-      return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for %u handle records", x->n_new);
+      return vmm_errors_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for %u handle records", x->n_new);
     }
   x->extent = x->p.covered + x->p.fresh;
   vmm_assert(!x->into || x->extent == x->into->extent);
@@ -507,7 +507,7 @@ static void records_step_undo(vmm_arena *a, assembly *x) {
     for (uint32_t i = 0; i < x->n_new; i++) free(x->created[i]);
   free(x->slots);
   x->slots = NULL;
-  if (!x->into) vmm_mapping_free(x->m);
+  if (!x->into) vmm_mapping_free_record(x->m);
   x->m = x->into;
 }
 
@@ -521,8 +521,8 @@ static vmm_status range_step(vmm_arena *a, assembly *x) {
   if (st != VMM_OK) {
     char cause[sizeof a->last_error], b[32]; /* the reservation's message names no request */
     memcpy(cause, a->last_error, sizeof cause);
-    vmm_fail(a, st, "%s %s (requested %zu B, rounded %zu B): %s", vmm_kind_name(x->req->kind),
-             vmm_fmt_bytes(x->extent, b), x->req->bytes, x->req->rounded, cause);
+    vmm_errors_fail(a, st, "%s %s (requested %zu B, rounded %zu B): %s", vmm_errors_kind_name(x->req->kind),
+             vmm_errors_fmt_bytes(x->extent, b), x->req->bytes, x->req->rounded, cause);
   }
   x->first_stuck = VMM_NO_STUCK;
   return st;
@@ -585,12 +585,12 @@ static vmm_status map_step(vmm_arena *a, assembly *x) {
   size_t bytes = g ? x->p.beside_bytes : x->extent;
   vmm_driver_entry failed = VMM_DRV_mem_map;
   x->first_stuck = a->ranges.stuck_count;
-  CUresult r = vmm_map_handles(a, at, x->slots + from, count, bytes, &failed);
+  CUresult r = vmm_mapping_map_handles(a, at, x->slots + from, count, bytes, &failed);
   if (r == CUDA_SUCCESS) return VMM_OK;
   char b[2][32];
-  return vmm_fail_driver(a, r, failed, "%s %s (requested %zu B, rounded %zu B): mapping %u handles (%s) at 0x%llx%s",
-                         vmm_kind_name(x->req->kind), vmm_fmt_bytes(x->extent, b[0]), x->req->bytes, x->req->rounded,
-                         count, vmm_fmt_bytes(bytes, b[1]), (unsigned long long)at,
+  return vmm_errors_fail_driver(a, r, failed, "%s %s (requested %zu B, rounded %zu B): mapping %u handles (%s) at 0x%llx%s",
+                         vmm_errors_kind_name(x->req->kind), vmm_errors_fmt_bytes(x->extent, b[0]), x->req->bytes, x->req->rounded,
+                         count, vmm_errors_fmt_bytes(bytes, b[1]), (unsigned long long)at,
                          g ? ", beside the pooled mapping it grows" : "");
 }
 
@@ -617,7 +617,7 @@ static void commit(vmm_arena *a, assembly *x) {
   count_plan(a, &x->p, -1);
   commit_apart(a, &x->p);
   vmm_mapping_attach(m, x->slots, x->p.n_idle + x->n_new);
-  vmm_add_mapped(a, kept ? x->p.beside_bytes : x->extent);
+  vmm_accounting_add_mapped(a, kept ? x->p.beside_bytes : x->extent);
   if (!x->into) vmm_mapping_insert_live(a, m, x->extent, x->req->kind);
   a->grown_in_place += kept > 0;
   if (x->p.n_idle) {
@@ -629,7 +629,7 @@ static void commit(vmm_arena *a, assembly *x) {
   a->refills += x->mode == VMM_ASSEMBLE_REFILL;
 }
 
-vmm_status vmm_assemble(vmm_arena *a, const vmm_request *req, vmm_assembly_mode mode, vmm_mapping *into,
+vmm_status vmm_assembly_build(vmm_arena *a, const vmm_request *req, vmm_assembly_mode mode, vmm_mapping *into,
                         vmm_mapping **out) {
   assembly x = {.req = req, .mode = mode, .into = into, .m = into};
   vmm_status st = VMM_OK;

@@ -47,12 +47,12 @@ vmm_status vmm_backup_admit(vmm_arena *a, size_t bytes, const char *call) {
   CUresult r = VMM_DRV(a, host_memory_available, &available);
   if (r == CUDA_ERROR_NOT_SUPPORTED || (r == CUDA_SUCCESS && bytes <= available)) return VMM_OK;
   if (r != CUDA_SUCCESS)
-    return vmm_fail_driver(a, r, VMM_DRV_host_memory_available,
+    return vmm_errors_fail_driver(a, r, VMM_DRV_host_memory_available,
                            "%s: reading host MemAvailable for %s of backups; nothing changed", call,
-                           vmm_fmt_bytes(bytes, b[0]));
-  return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY,
+                           vmm_errors_fmt_bytes(bytes, b[0]));
+  return vmm_errors_fail(a, VMM_ERR_OUT_OF_MEMORY,
                   "%s: the host cannot hold the backups: %s (%zu B) to copy, MemAvailable %s (%zu B); nothing changed",
-                  call, vmm_fmt_bytes(bytes, b[0]), bytes, vmm_fmt_bytes(available, b[1]), available);
+                  call, vmm_errors_fmt_bytes(bytes, b[0]), bytes, vmm_errors_fmt_bytes(available, b[1]), available);
 }
 
 /* One synchronous copy per segment (before version 3, or with the staging off). */
@@ -62,8 +62,8 @@ static bool copy_plain(vmm_arena *a, const vmm_copy_segment *seg, size_t n, bool
                          : VMM_DRV(a, mem_cpy_htod, seg[i].dev, seg[i].host, seg[i].bytes);
     if (r != CUDA_SUCCESS) {
       char b[32];
-      vmm_copy_error_set(err, r, to_host ? VMM_DRV_mem_cpy_dtoh : VMM_DRV_mem_cpy_htod,
-                         "copying %s %s 0x%llx (allocation %zu of %zu)", vmm_fmt_bytes(seg[i].bytes, b),
+      vmm_copier_set_error(err, r, to_host ? VMM_DRV_mem_cpy_dtoh : VMM_DRV_mem_cpy_htod,
+                         "copying %s %s 0x%llx (allocation %zu of %zu)", vmm_errors_fmt_bytes(seg[i].bytes, b),
                          to_host ? "from" : "back to", (unsigned long long)seg[i].dev, i + 1, n);
       return false;
     }
@@ -79,7 +79,7 @@ static bool copy(vmm_arena *a, const vmm_copy_segment *seg, size_t n, bool to_ho
 static vmm_copy_segment *segments(vmm_mapping *const *list, size_t n, void *const *backups, vmm_copy_error *err) {
   vmm_copy_segment *seg = malloc(n * sizeof *seg);
   if (!seg) {
-    vmm_copy_error_set(err, CUDA_SUCCESS, VMM_DRV_ENTRY_COUNT, "host out of memory for the list of %zu copies", n);
+    vmm_copier_set_error(err, CUDA_SUCCESS, VMM_DRV_ENTRY_COUNT, "host out of memory for the list of %zu copies", n);
     return NULL;
   }
   for (size_t i = 0; i < n; i++) {
@@ -95,10 +95,10 @@ bool vmm_backup_save(vmm_arena *a, vmm_mapping *const *list, size_t n, void **ou
   for (; made < n && (out[made] = backup_new(list[made]->extent)) != NULL; made++) bytes += list[made]->extent;
   bool ok = made == n;
   if (!ok)
-    vmm_copy_error_set(err, CUDA_SUCCESS, VMM_DRV_ENTRY_COUNT,
+    vmm_copier_set_error(err, CUDA_SUCCESS, VMM_DRV_ENTRY_COUNT,
                        "host out of memory for a %s backup of 0x%llx (%zu of %zu backups made, %s)",
-                       vmm_fmt_bytes(list[made]->extent, b[0]), (unsigned long long)list[made]->base, made, n,
-                       vmm_fmt_bytes(bytes, b[1]));
+                       vmm_errors_fmt_bytes(list[made]->extent, b[0]), (unsigned long long)list[made]->base, made, n,
+                       vmm_errors_fmt_bytes(bytes, b[1]));
   vmm_copy_segment *seg = ok ? segments(list, n, out, err) : NULL;
   ok = seg && copy(a, seg, n, true, err);
   free(seg);

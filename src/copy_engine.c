@@ -73,7 +73,7 @@ struct vmm_copier {
 
 /* ---- Errors ------------------------------------------------------------------------- */
 
-void vmm_copy_error_set(vmm_copy_error *e, CUresult r, vmm_driver_entry entry, const char *fmt, ...) {
+void vmm_copier_set_error(vmm_copy_error *e, CUresult r, vmm_driver_entry entry, const char *fmt, ...) {
   e->result = r;
   e->entry = entry;
   e->status = entry == VMM_DRV_ENTRY_COUNT || r == CUDA_ERROR_OUT_OF_MEMORY ? VMM_ERR_OUT_OF_MEMORY : VMM_ERR_DRIVER;
@@ -83,9 +83,9 @@ void vmm_copy_error_set(vmm_copy_error *e, CUresult r, vmm_driver_entry entry, c
   va_end(ap);
 }
 
-vmm_status vmm_copy_fail(vmm_arena *a, const vmm_copy_error *e, const char *call, const char *then) {
-  if (e->entry == VMM_DRV_ENTRY_COUNT) return vmm_fail(a, e->status, "%s: %s; %s", call, e->what, then);
-  return vmm_fail_driver(a, e->result, e->entry, "%s: %s; %s", call, e->what, then);
+vmm_status vmm_copier_fail(vmm_arena *a, const vmm_copy_error *e, const char *call, const char *then) {
+  if (e->entry == VMM_DRV_ENTRY_COUNT) return vmm_errors_fail(a, e->status, "%s: %s; %s", call, e->what, then);
+  return vmm_errors_fail_driver(a, e->result, e->entry, "%s: %s; %s", call, e->what, then);
 }
 
 /* ---- The copier and the turns of pause and resume ------------------------------------ */
@@ -103,7 +103,7 @@ static size_t fault_bytes(void) {
 vmm_status vmm_copier_get(vmm_arena *a) {
   if (a->copier) return VMM_OK;
   vmm_copier *c = calloc(1, sizeof *c);
-  if (!c) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for the copier (%zu B); nothing changed", sizeof *c);
+  if (!c) return vmm_errors_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for the copier (%zu B); nothing changed", sizeof *c);
   c->a = a;
   c->touch_step = fault_bytes();
   for (int i = 0; i < MAX_THREADS - 1; i++) c->touch_at[i] = SIZE_MAX;
@@ -192,11 +192,11 @@ static inline void cpu_relax(void) {
  * at most SPIN_NS; returns whether it did. Waking a sleeping thread for every chunk costs
  * more than a chunk takes to copy on some machines (virtual ones above all). */
 static bool spin(const size_t *word, size_t want, bool at_least) {
-  uint64_t t0 = vmm_now_ns();
+  uint64_t t0 = vmm_driver_now_ns();
   for (unsigned i = 1;; i++) {
     size_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
     if (at_least ? v >= want : v != want) return true;
-    if (!(i & 255) && vmm_now_ns() - t0 > SPIN_NS) return false;
+    if (!(i & 255) && vmm_driver_now_ns() - t0 > SPIN_NS) return false;
     cpu_relax();
   }
 }
@@ -364,9 +364,9 @@ static void release_buffers(vmm_copier *c) {
     if (!c->buf[i]) continue;
     CUresult r = VMM_DRV(a, mem_free_host, c->buf[i]);
     if (r != CUDA_SUCCESS)
-      vmm_log(1, a->cfg.log_level, "vmmarena: device %d: freeing pinned staging buffer %d of %d (%s at %p): "
-              "cuMemFreeHost returned %s (%d)%s", a->cfg.device, i + 1, SLOTS, vmm_fmt_bytes(chunk_bytes(a), b),
-              (void *)c->buf[i], vmm_cu_error_name(a, r), (int)r, a->destroying ? "" : "; tried again later");
+      vmm_errors_log(1, a->cfg.log_level, "vmmarena: device %d: freeing pinned staging buffer %d of %d (%s at %p): "
+              "cuMemFreeHost returned %s (%d)%s", a->cfg.device, i + 1, SLOTS, vmm_errors_fmt_bytes(chunk_bytes(a), b),
+              (void *)c->buf[i], vmm_errors_cu_name(a, r), (int)r, a->destroying ? "" : "; tried again later");
     if (r == CUDA_SUCCESS || a->destroying) c->buf[i] = NULL;
   }
 }
@@ -386,7 +386,7 @@ static bool prepare(vmm_copier *c, vmm_copy_error *err) {
     CUresult r = c->stream[i] ? CUDA_SUCCESS : VMM_DRV(a, stream_create, &c->stream[i], CU_STREAM_NON_BLOCKING);
     if (r != CUDA_SUCCESS) {
       c->stream[i] = NULL;
-      vmm_copy_error_set(err, r, VMM_DRV_stream_create, "creating copy stream %d of %d", i + 1, SLOTS);
+      vmm_copier_set_error(err, r, VMM_DRV_stream_create, "creating copy stream %d of %d", i + 1, SLOTS);
       return false;
     }
   }
@@ -394,8 +394,8 @@ static bool prepare(vmm_copier *c, vmm_copy_error *err) {
     void *p = NULL;
     CUresult r = c->buf[i] ? CUDA_SUCCESS : VMM_DRV(a, mem_host_alloc, &p, chunk, 0);
     if (r != CUDA_SUCCESS) {
-      vmm_copy_error_set(err, r, VMM_DRV_mem_host_alloc, "allocating pinned staging buffer %d of %d (%s, %s in all)",
-                         i + 1, SLOTS, vmm_fmt_bytes(chunk, b[0]), vmm_fmt_bytes(chunk * SLOTS, b[1]));
+      vmm_copier_set_error(err, r, VMM_DRV_mem_host_alloc, "allocating pinned staging buffer %d of %d (%s, %s in all)",
+                         i + 1, SLOTS, vmm_errors_fmt_bytes(chunk, b[0]), vmm_errors_fmt_bytes(chunk * SLOTS, b[1]));
       return false;
     }
     if (p) c->buf[i] = p;
@@ -420,10 +420,10 @@ static bool issue(vmm_copier *c, const plan *p, int i, size_t at, size_t len, vm
                             : VMM_DRV(a, mem_cpy_htod_async, d, h, n, c->stream[i]);
     if (r != CUDA_SUCCESS) {
       char b[2][32];
-      vmm_copy_error_set(err, r, p->to_host ? VMM_DRV_mem_cpy_dtoh_async : VMM_DRV_mem_cpy_htod_async,
+      vmm_copier_set_error(err, r, p->to_host ? VMM_DRV_mem_cpy_dtoh_async : VMM_DRV_mem_cpy_htod_async,
                          "copying %s %s 0x%llx (%zu B into the %s allocation at 0x%llx) %s staging buffer %d of %d",
-                         vmm_fmt_bytes(n, b[0]), p->to_host ? "from" : "to", (unsigned long long)d, in,
-                         vmm_fmt_bytes(p->seg[first].bytes, b[1]), (unsigned long long)p->seg[first].dev,
+                         vmm_errors_fmt_bytes(n, b[0]), p->to_host ? "from" : "to", (unsigned long long)d, in,
+                         vmm_errors_fmt_bytes(p->seg[first].bytes, b[1]), (unsigned long long)p->seg[first].dev,
                          p->to_host ? "into" : "from", i + 1, SLOTS);
       return false;
     }
@@ -438,8 +438,8 @@ static bool sync_slot(vmm_copier *c, int i, size_t at, size_t len, vmm_copy_erro
   if (r == CUDA_SUCCESS) return true;
   char b[32];
   if (err)
-    vmm_copy_error_set(err, r, VMM_DRV_stream_synchronize, "waiting for the copy of bytes %zu to %zu (%s) on stream %p",
-                       at, at + len, vmm_fmt_bytes(len, b), (void *)c->stream[i]);
+    vmm_copier_set_error(err, r, VMM_DRV_stream_synchronize, "waiting for the copy of bytes %zu to %zu (%s) on stream %p",
+                       at, at + len, vmm_errors_fmt_bytes(len, b), (void *)c->stream[i]);
   return false;
 }
 
@@ -510,7 +510,7 @@ bool vmm_copier_run(vmm_arena *a, const vmm_copy_segment *seg, size_t n, bool to
   vmm_copier *c = a->copier;
   plan p = {seg, malloc((n + 1) * sizeof(size_t)), n, to_host};
   if (!p.start) {
-    vmm_copy_error_set(err, CUDA_SUCCESS, VMM_DRV_ENTRY_COUNT, "host out of memory for the plan of %zu copies", n);
+    vmm_copier_set_error(err, CUDA_SUCCESS, VMM_DRV_ENTRY_COUNT, "host out of memory for the plan of %zu copies", n);
     return false;
   }
   p.start[0] = 0;
@@ -551,7 +551,7 @@ static bool wait_once(vmm_arena *a, CUstream s, CUdeviceptr base, CUstream *seen
     if (seen[i] == s) return true;
   CUresult r = VMM_DRV(a, stream_synchronize, s);
   if (r != CUDA_SUCCESS) {
-    vmm_copy_error_set(err, r, VMM_DRV_stream_synchronize, "synchronizing stream %p (of the allocation at 0x%llx)",
+    vmm_copier_set_error(err, r, VMM_DRV_stream_synchronize, "synchronizing stream %p (of the allocation at 0x%llx)",
                        (void *)s, (unsigned long long)base);
     return false;
   }
@@ -588,8 +588,8 @@ void vmm_copier_stop(vmm_arena *a) {
   for (int i = 0; i < SLOTS; i++) {
     CUresult r = c->stream[i] ? VMM_DRV(a, stream_destroy, c->stream[i]) : CUDA_SUCCESS;
     if (r != CUDA_SUCCESS)
-      vmm_log(1, a->cfg.log_level, "vmmarena: device %d: destroying copy stream %d of %d (%p): cuStreamDestroy returned %s (%d)",
-              a->cfg.device, i + 1, SLOTS, (void *)c->stream[i], vmm_cu_error_name(a, r), (int)r);
+      vmm_errors_log(1, a->cfg.log_level, "vmmarena: device %d: destroying copy stream %d of %d (%p): cuStreamDestroy returned %s (%d)",
+              a->cfg.device, i + 1, SLOTS, (void *)c->stream[i], vmm_errors_cu_name(a, r), (int)r);
   }
   pthread_cond_destroy(&c->work);
   pthread_cond_destroy(&c->finished);

@@ -16,14 +16,14 @@ const char *vmm_driver_entry_name(vmm_driver_entry entry) {
   return (unsigned)entry < VMM_DRV_ENTRY_COUNT ? entry_names[entry] : "unknown entry point";
 }
 
-uint64_t vmm_now_ns(void) {
+uint64_t vmm_driver_now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-void vmm_drv_account(vmm_arena *a, vmm_driver_entry e, CUresult r, uint64_t t0) {
-  uint64_t dt = vmm_now_ns() - t0;
+void vmm_driver_account(vmm_arena *a, vmm_driver_entry e, CUresult r, uint64_t t0) {
+  uint64_t dt = vmm_driver_now_ns() - t0;
   vmm_driver_stats *s = &a->drv_stats[e];
   __atomic_fetch_add(&s->calls, 1, __ATOMIC_RELAXED);
   __atomic_fetch_add(&s->ns, dt, __ATOMIC_RELAXED);
@@ -33,12 +33,12 @@ void vmm_drv_account(vmm_arena *a, vmm_driver_entry e, CUresult r, uint64_t t0) 
 /* The arena whose context this thread pushed during the current public call. */
 static __thread vmm_arena *ctx_pushed_for;
 
-void vmm_ctx_enter(vmm_arena *a) {
+void vmm_driver_ctx_enter(vmm_arena *a) {
   if (ctx_pushed_for == a || !a->ctx) return;
   if (VMM_DRV_COUNTED(a, ctx_push_current, a->ctx) == CUDA_SUCCESS) ctx_pushed_for = a;
 }
 
-void vmm_ctx_leave(vmm_arena *a) {
+void vmm_driver_ctx_leave(vmm_arena *a) {
   if (ctx_pushed_for != a) return;
   CUcontext popped;
   (void)VMM_DRV_COUNTED(a, ctx_pop_current, &popped);
@@ -103,7 +103,7 @@ static void load_cuda(void) {
     }
     *fields[e] = fn;
   }
-  t.host_memory_available = vmm_host_memory_available;
+  t.host_memory_available = vmm_meminfo_available;
   cuda_table = t;
 }
 

@@ -13,7 +13,7 @@ vmm_handle *vmm_handle_new(size_t size, vmm_kind kind) {
 CUresult vmm_handle_create(vmm_arena *a, vmm_handle *h) {
   CUresult r = VMM_DRV(a, mem_create, &h->h, h->size, &a->prop, 0);
   if (r != CUDA_SUCCESS && vmm_ipc_create_refused(a, r)) r = VMM_DRV(a, mem_create, &h->h, h->size, &a->prop, 0);
-  if (r == CUDA_SUCCESS) vmm_add_physical(a, h->size);
+  if (r == CUDA_SUCCESS) vmm_accounting_add_physical(a, h->size);
   return r;
 }
 
@@ -25,16 +25,16 @@ vmm_status vmm_handle_release(vmm_arena *a, vmm_handle *h) {
   CUresult r = VMM_DRV(a, mem_release, h->h);
   if (r == CUDA_SUCCESS || a->destroying) {
     if (r != CUDA_SUCCESS)
-      vmm_log(1, a->cfg.log_level, "vmmarena: destroy: cuMemRelease failed: %s", vmm_cu_error_name(a, r));
+      vmm_errors_log(1, a->cfg.log_level, "vmmarena: destroy: cuMemRelease failed: %s", vmm_errors_cu_name(a, r));
     else
       a->physical_bytes -= h->size;
     free(h);
     return VMM_OK;
   }
-  vmm_idle_put(a, h);
+  vmm_store_idle_put(a, h);
   char b[32];
-  return vmm_fail_driver(a, r, VMM_DRV_mem_release, "releasing a %s handle of %s", vmm_kind_name(h->kind),
-                         vmm_fmt_bytes(h->size, b));
+  return vmm_errors_fail_driver(a, r, VMM_DRV_mem_release, "releasing a %s handle of %s", vmm_errors_kind_name(h->kind),
+                         vmm_errors_fmt_bytes(h->size, b));
 }
 
 #define VMM_BOUND_SHARE 64             /* an idle handle no request can use costs at most ~1.6% of the peak */

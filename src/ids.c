@@ -15,12 +15,12 @@ static size_t lower_bound(const vmm_id_set *s, uint64_t id) {
   return lo;
 }
 
-bool vmm_id_set_has(const vmm_id_set *s, uint64_t id) {
+bool vmm_ids_has(const vmm_id_set *s, uint64_t id) {
   size_t i = lower_bound(s, id);
   return i < s->count && s->ids[i] == id;
 }
 
-int vmm_id_set_add(vmm_id_set *s, uint64_t id) {
+int vmm_ids_add(vmm_id_set *s, uint64_t id) {
   size_t i = lower_bound(s, id);
   if (i < s->count && s->ids[i] == id) return 0;
   uint64_t *room = vmm_array_room(s->ids, s->count, &s->cap, sizeof *room);
@@ -32,7 +32,7 @@ int vmm_id_set_add(vmm_id_set *s, uint64_t id) {
   return 0;
 }
 
-void vmm_id_set_fini(vmm_id_set *s) {
+void vmm_ids_fini(vmm_id_set *s) {
   free(s->ids);
   memset(s, 0, sizeof *s);
 }

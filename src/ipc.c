@@ -62,17 +62,17 @@ static vmm_mapping *shared_mapping(vmm_arena *a, CUdeviceptr p, size_t *offset) 
   }
   char b[32];
   if (m && !m->page)
-    vmm_fail(a, VMM_ERR_UNKNOWN_POINTER, "ipc_export(0x%llx): the %s allocation of %s there is %s, not live",
-             (unsigned long long)p, vmm_kind_name(m->kind), vmm_fmt_bytes(m->extent, b),
+    vmm_errors_fail(a, VMM_ERR_UNKNOWN_POINTER, "ipc_export(0x%llx): the %s allocation of %s there is %s, not live",
+             (unsigned long long)p, vmm_errors_kind_name(m->kind), vmm_errors_fmt_bytes(m->extent, b),
              m->state == VMM_MAP_PAUSED ? "paused (it holds no memory)" : "freed");
   else if ((m = p ? vmm_table_containing(&a->table, p) : NULL) != NULL)
-    vmm_fail(a, VMM_ERR_UNKNOWN_POINTER,
+    vmm_errors_fail(a, VMM_ERR_UNKNOWN_POINTER,
              "ipc_export(0x%llx): interior pointer, %llu bytes into the %s mapping at 0x%llx (%s); export takes "
              "the address allocated",
-             (unsigned long long)p, (unsigned long long)(p - m->base), vmm_kind_name(m->kind),
-             (unsigned long long)m->base, vmm_fmt_bytes(m->extent, b));
+             (unsigned long long)p, (unsigned long long)(p - m->base), vmm_errors_kind_name(m->kind),
+             (unsigned long long)m->base, vmm_errors_fmt_bytes(m->extent, b));
   else
-    vmm_fail(a, VMM_ERR_UNKNOWN_POINTER, "ipc_export(0x%llx): not an allocation of the arena of device %d (%zu mappings)",
+    vmm_errors_fail(a, VMM_ERR_UNKNOWN_POINTER, "ipc_export(0x%llx): not an allocation of the arena of device %d (%zu mappings)",
              (unsigned long long)p, a->cfg.device, a->table.count);
   return NULL;
 }
@@ -80,16 +80,16 @@ static vmm_mapping *shared_mapping(vmm_arena *a, CUdeviceptr p, size_t *offset) 
 static vmm_status export_locked(vmm_arena *a, CUdeviceptr p, vmm_ipc_piece *pieces, size_t cap, size_t *count,
                                 size_t *offset) {
   if (!pieces || !count || !offset)
-    return vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "ipc_export(0x%llx): NULL pieces, count or offset", (unsigned long long)p);
+    return vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT, "ipc_export(0x%llx): NULL pieces, count or offset", (unsigned long long)p);
   if (!ipc_supported(a))
-    return vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "ipc_export: the driver table \"%s\" is version %u, export needs 4",
+    return vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT, "ipc_export: the driver table \"%s\" is version %u, export needs 4",
                     a->drv->name, a->drv->version);
   size_t at;
   vmm_mapping *m = shared_mapping(a, p, &at);
   if (!m) return VMM_ERR_UNKNOWN_POINTER;
   *count = m->handle_count;
   if (cap < m->handle_count)
-    return vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "ipc_export(0x%llx): room for %zu pieces, the allocation has %u handles",
+    return vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT, "ipc_export(0x%llx): room for %zu pieces, the allocation has %u handles",
                     (unsigned long long)p, cap, m->handle_count);
   size_t off = 0;
   for (uint32_t i = 0; i < m->handle_count; i++) {
@@ -101,11 +101,11 @@ static vmm_status export_locked(vmm_arena *a, CUdeviceptr p, vmm_ipc_piece *piec
         for (uint32_t j = 0; j < i; j++) /* the descriptors this call made: undone */
           if (m->handles[j]->ipc_fd && !pieces[j].fd) vmm_ipc_forget_handle(m->handles[j]);
         char b[32];
-        return vmm_fail(a, VMM_ERR_DRIVER,
+        return vmm_errors_fail(a, VMM_ERR_DRIVER,
                         "ipc_export(0x%llx): handle %u of %u (%s) could not be exported as a file descriptor: %s "
                         "returned %s (%d)%s; nothing was exported",
-                        (unsigned long long)p, i + 1, m->handle_count, vmm_fmt_bytes(h->size, b),
-                        vmm_driver_entry_name(VMM_DRV_mem_export_to_shareable_handle), vmm_cu_error_name(a, r), (int)r,
+                        (unsigned long long)p, i + 1, m->handle_count, vmm_errors_fmt_bytes(h->size, b),
+                        vmm_driver_entry_name(VMM_DRV_mem_export_to_shareable_handle), vmm_errors_cu_name(a, r), (int)r,
                         a->prop.requestedHandleTypes ? ""
                                                      : " (the driver refused exportable memory: it is created plain)");
       }
@@ -128,7 +128,7 @@ vmm_status vmm_arena_ipc_export(vmm_arena *a, void *ptr, vmm_ipc_piece *pieces, 
   if (!a) return VMM_ERR_INVALID_ARGUMENT;
   pthread_mutex_lock(&a->lock);
   vmm_status st = export_locked(a, (CUdeviceptr)(uintptr_t)ptr, pieces, cap, count, offset);
-  vmm_ctx_leave(a);
+  vmm_driver_ctx_leave(a);
   pthread_mutex_unlock(&a->lock);
   return st;
 }
@@ -150,21 +150,21 @@ static vmm_status import_undo(vmm_arena *a, vmm_ipc_import *im, uint32_t importe
   if (im->mapped) {
     r = VMM_DRV(a, mem_unmap, im->base, im->mapped);
     if (r != CUDA_SUCCESS && !a->destroying)
-      return vmm_fail(a, VMM_ERR_DRIVER, "%s: unmapping the import at 0x%llx (%zu bytes): cuMemUnmap returned %s (%d)",
-                      what, (unsigned long long)im->base, im->mapped, vmm_cu_error_name(a, r), (int)r);
+      return vmm_errors_fail(a, VMM_ERR_DRIVER, "%s: unmapping the import at 0x%llx (%zu bytes): cuMemUnmap returned %s (%d)",
+                      what, (unsigned long long)im->base, im->mapped, vmm_errors_cu_name(a, r), (int)r);
     im->mapped = 0;
   }
   for (; im->released < imported; im->released++) {
     r = VMM_DRV(a, mem_release, im->handles[im->released]);
     if (r != CUDA_SUCCESS && !a->destroying)
-      return vmm_fail(a, VMM_ERR_DRIVER, "%s: releasing handle %u of the import at 0x%llx: cuMemRelease returned %s (%d)",
-                      what, im->released + 1, (unsigned long long)im->base, vmm_cu_error_name(a, r), (int)r);
+      return vmm_errors_fail(a, VMM_ERR_DRIVER, "%s: releasing handle %u of the import at 0x%llx: cuMemRelease returned %s (%d)",
+                      what, im->released + 1, (unsigned long long)im->base, vmm_errors_cu_name(a, r), (int)r);
   }
   if (reserved) {
     r = VMM_DRV(a, mem_address_free, im->base, im->size);
     if (r != CUDA_SUCCESS && !a->destroying)
-      return vmm_fail(a, VMM_ERR_DRIVER, "%s: freeing the VA of the import at 0x%llx (%zu bytes): cuMemAddressFree "
-                      "returned %s (%d)", what, (unsigned long long)im->base, im->size, vmm_cu_error_name(a, r), (int)r);
+      return vmm_errors_fail(a, VMM_ERR_DRIVER, "%s: freeing the VA of the import at 0x%llx (%zu bytes): cuMemAddressFree "
+                      "returned %s (%d)", what, (unsigned long long)im->base, im->size, vmm_errors_cu_name(a, r), (int)r);
     im->base = 0;
   }
   return VMM_OK;
@@ -173,12 +173,12 @@ static vmm_status import_undo(vmm_arena *a, vmm_ipc_import *im, uint32_t importe
 /* Checks the pieces: back to back from 0, granularity multiples; their total in *total. */
 static vmm_status check_pieces(vmm_arena *a, const vmm_ipc_piece *pieces, size_t count, size_t *total) {
   if (!pieces || count == 0 || count > UINT32_MAX)
-    return vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "ipc_import: %zu pieces%s", count, pieces ? "" : " (NULL)");
+    return vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT, "ipc_import: %zu pieces%s", count, pieces ? "" : " (NULL)");
   size_t off = 0;
   for (size_t i = 0; i < count; i++) {
     const vmm_ipc_piece *p = &pieces[i];
     if (p->offset != off || p->size == 0 || p->size % a->granularity || p->size > ((size_t)1 << 47) || p->fd < 0)
-      return vmm_fail(a, VMM_ERR_INVALID_ARGUMENT,
+      return vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT,
                       "ipc_import: piece %zu of %zu (descriptor %d, offset %zu, %zu bytes) is not the next one back "
                       "to back (offset %zu) of a multiple of the granularity %zu",
                       i + 1, count, p->fd, p->offset, p->size, off, a->granularity);
@@ -199,10 +199,10 @@ static vmm_status import_handles(vmm_arena *a, vmm_ipc_import *im, const vmm_ipc
     CUresult r = VMM_DRV(a, mem_import_from_shareable_handle, &im->handles[i], (void *)(intptr_t)p->fd,
                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     if (r != CUDA_SUCCESS)
-      return vmm_fail(a, r == CUDA_ERROR_OUT_OF_MEMORY ? VMM_ERR_OUT_OF_MEMORY : VMM_ERR_INVALID_ARGUMENT,
+      return vmm_errors_fail(a, r == CUDA_ERROR_OUT_OF_MEMORY ? VMM_ERR_OUT_OF_MEMORY : VMM_ERR_INVALID_ARGUMENT,
                       "ipc_import: descriptor %d (piece %u of %zu, %s) is not a handle this process can import: "
                       "cuMemImportFromShareableHandle returned %s (%d) (forged, stale or closed?)",
-                      p->fd, i + 1, count, vmm_fmt_bytes(p->size, b), vmm_cu_error_name(a, r), (int)r);
+                      p->fd, i + 1, count, vmm_errors_fmt_bytes(p->size, b), vmm_errors_cu_name(a, r), (int)r);
     im->sizes[i] = p->size;
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
@@ -210,10 +210,10 @@ static vmm_status import_handles(vmm_arena *a, vmm_ipc_import *im, const vmm_ipc
     if (r != CUDA_SUCCESS || prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != a->cfg.device) {
       ++*imported; /* this one is released by the undo too */
       if (r != CUDA_SUCCESS)
-        return vmm_fail(a, VMM_ERR_DRIVER, "ipc_import: reading the properties of piece %u of %zu: "
+        return vmm_errors_fail(a, VMM_ERR_DRIVER, "ipc_import: reading the properties of piece %u of %zu: "
                         "cuMemGetAllocationPropertiesFromHandle returned %s (%d)",
-                        i + 1, count, vmm_cu_error_name(a, r), (int)r);
-      return vmm_fail(a, VMM_ERR_INVALID_ARGUMENT,
+                        i + 1, count, vmm_errors_cu_name(a, r), (int)r);
+      return vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT,
                       "ipc_import: piece %u of %zu (descriptor %d) is memory of device %d (location type %d), not "
                       "of this arena's device %d",
                       i + 1, count, p->fd, prop.location.id, (int)prop.location.type, a->cfg.device);
@@ -228,17 +228,17 @@ static vmm_status map_pieces(vmm_arena *a, vmm_ipc_import *im, const vmm_ipc_pie
   for (uint32_t i = 0; i < count; i++) {
     CUresult r = VMM_DRV(a, mem_map, im->base + pieces[i].offset, pieces[i].size, 0, im->handles[i], 0);
     if (r != CUDA_SUCCESS)
-      return vmm_fail(a, r == CUDA_ERROR_OUT_OF_MEMORY ? VMM_ERR_OUT_OF_MEMORY : VMM_ERR_INVALID_ARGUMENT,
+      return vmm_errors_fail(a, r == CUDA_ERROR_OUT_OF_MEMORY ? VMM_ERR_OUT_OF_MEMORY : VMM_ERR_INVALID_ARGUMENT,
                       "ipc_import: piece %u of %zu (descriptor %d) could not be mapped as %s: cuMemMap returned %s "
                       "(%d) (is the handle not of that size?)",
-                      i + 1, count, pieces[i].fd, vmm_fmt_bytes(pieces[i].size, b), vmm_cu_error_name(a, r), (int)r);
+                      i + 1, count, pieces[i].fd, vmm_errors_fmt_bytes(pieces[i].size, b), vmm_errors_cu_name(a, r), (int)r);
     im->mapped += pieces[i].size;
   }
   CUresult r = VMM_DRV(a, mem_set_access, im->base, im->size, a->access, a->access_count);
   if (r != CUDA_SUCCESS)
-    return vmm_fail(a, r == CUDA_ERROR_OUT_OF_MEMORY ? VMM_ERR_OUT_OF_MEMORY : VMM_ERR_DRIVER,
+    return vmm_errors_fail(a, r == CUDA_ERROR_OUT_OF_MEMORY ? VMM_ERR_OUT_OF_MEMORY : VMM_ERR_DRIVER,
                     "ipc_import: giving device %d access to %s: cuMemSetAccess returned %s (%d)", a->cfg.device,
-                    vmm_fmt_bytes(im->size, b), vmm_cu_error_name(a, r), (int)r);
+                    vmm_errors_fmt_bytes(im->size, b), vmm_errors_cu_name(a, r), (int)r);
   return VMM_OK;
 }
 
@@ -247,13 +247,13 @@ static vmm_status import_locked(vmm_arena *a, const vmm_ipc_piece *pieces, size_
   vmm_status st = check_pieces(a, pieces, count, &total);
   if (st != VMM_OK) return st;
   if (!ipc_supported(a))
-    return vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "ipc_import: the driver table \"%s\" is version %u, import needs 4",
+    return vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT, "ipc_import: the driver table \"%s\" is version %u, import needs 4",
                     a->drv->name, a->drv->version);
   vmm_ipc_import *im = calloc(1, sizeof *im);
   if (im) im->handles = calloc(count, sizeof *im->handles), im->sizes = calloc(count, sizeof *im->sizes);
   if (!im || !im->handles || !im->sizes) {
     import_free(im);
-    return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "ipc_import: no host memory for a record of %zu pieces", count);
+    return vmm_errors_fail(a, VMM_ERR_OUT_OF_MEMORY, "ipc_import: no host memory for a record of %zu pieces", count);
   }
   im->count = (uint32_t)count;
   im->size = total;
@@ -264,8 +264,8 @@ static vmm_status import_locked(vmm_arena *a, const vmm_ipc_piece *pieces, size_
     CUresult r = VMM_DRV(a, mem_address_reserve, &im->base, total, a->granularity, 0, 0);
     char b[32];
     if (r != CUDA_SUCCESS)
-      st = vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "ipc_import: no VA for %s: cuMemAddressReserve returned %s (%d)",
-                    vmm_fmt_bytes(total, b), vmm_cu_error_name(a, r), (int)r);
+      st = vmm_errors_fail(a, VMM_ERR_OUT_OF_MEMORY, "ipc_import: no VA for %s: cuMemAddressReserve returned %s (%d)",
+                    vmm_errors_fmt_bytes(total, b), vmm_errors_cu_name(a, r), (int)r);
     reserved = r == CUDA_SUCCESS;
   }
   if (st == VMM_OK) st = map_pieces(a, im, pieces, count);
@@ -278,7 +278,7 @@ static vmm_status import_locked(vmm_arena *a, const vmm_ipc_piece *pieces, size_
   char kept[768];
   snprintf(kept, sizeof kept, "%s", a->last_error);
   if (import_undo(a, im, imported, reserved, "ipc_import (undo)") != VMM_OK) {
-    vmm_log(1, a->cfg.log_level, "vmmarena: %s; the import's undo failed too, its pieces are kept: %s", kept,
+    vmm_errors_log(1, a->cfg.log_level, "vmmarena: %s; the import's undo failed too, its pieces are kept: %s", kept,
             a->last_error);
     im->count = imported;      /* what is left: a close or destroy finishes the undo */
     im->next = a->ipc_imports;
@@ -286,7 +286,7 @@ static vmm_status import_locked(vmm_arena *a, const vmm_ipc_piece *pieces, size_
   } else {
     import_free(im);
   }
-  vmm_fail(a, st, "%s", kept);
+  vmm_errors_fail(a, st, "%s", kept);
   return st;
 }
 
@@ -295,10 +295,10 @@ vmm_status vmm_arena_ipc_import(vmm_arena *a, const vmm_ipc_piece *pieces, size_
   pthread_mutex_lock(&a->lock);
   vmm_status st;
   if (!base)
-    st = vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "ipc_import: NULL base");
+    st = vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT, "ipc_import: NULL base");
   else
     *base = NULL, st = import_locked(a, pieces, count, base);
-  vmm_ctx_leave(a);
+  vmm_driver_ctx_leave(a);
   pthread_mutex_unlock(&a->lock);
   return st;
 }
@@ -312,13 +312,13 @@ vmm_status vmm_arena_ipc_close(vmm_arena *a, void *base) {
   vmm_status st = VMM_OK;
   vmm_ipc_import *im = *at;
   if (!im || !p) {
-    st = vmm_fail(a, VMM_ERR_UNKNOWN_POINTER, "ipc_close(0x%llx): not an open import of the arena of device %d",
+    st = vmm_errors_fail(a, VMM_ERR_UNKNOWN_POINTER, "ipc_close(0x%llx): not an open import of the arena of device %d",
                   (unsigned long long)p, a->cfg.device);
   } else {
     CUresult r = im->mapped ? VMM_DRV(a, ctx_synchronize) : CUDA_SUCCESS; /* work may still read it */
     if (r != CUDA_SUCCESS)
-      st = vmm_fail(a, VMM_ERR_DRIVER, "ipc_close(0x%llx): waiting for the device's work: cuCtxSynchronize returned "
-                    "%s (%d); the import stays open", (unsigned long long)p, vmm_cu_error_name(a, r), (int)r);
+      st = vmm_errors_fail(a, VMM_ERR_DRIVER, "ipc_close(0x%llx): waiting for the device's work: cuCtxSynchronize returned "
+                    "%s (%d); the import stays open", (unsigned long long)p, vmm_errors_cu_name(a, r), (int)r);
     else
       st = import_undo(a, im, im->count, true, "ipc_close");
     if (st == VMM_OK) {
@@ -326,7 +326,7 @@ vmm_status vmm_arena_ipc_close(vmm_arena *a, void *base) {
       import_free(im);
     }
   }
-  vmm_ctx_leave(a);
+  vmm_driver_ctx_leave(a);
   pthread_mutex_unlock(&a->lock);
   return st;
 }

@@ -1,6 +1,7 @@
 /* Mapping records: creation, mapping handles whole, the state transitions (one function for
- * each, the only code that sets a record's state) and the one retire (unmap whole, then
- * dispose: leave the table and the range, keep the handles idle or release them).
+ * each, the only code that sets a record's state) and the ways a record ends (listed in
+ * internal.h): the one unmap-now, vmm_mapping_unmap_and_end (unmap whole, then end_unmapped:
+ * leave the table and the range, keep the handles idle or release them), among them.
  * Record before unmap: a record leaves the table only after its unmap succeeded. */
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,7 @@ vmm_mapping *vmm_mapping_new(void) {
   return m;
 }
 
-void vmm_mapping_free(vmm_mapping *m) {
+void vmm_mapping_free_record(vmm_mapping *m) {
   if (!m) return;
   vmm_backup_free(m->backup, m->extent);
   if (m->handles != &m->first) free(m->handles);
@@ -28,7 +29,7 @@ int vmm_mapping_by_base(const void *x, const void *y) {
 
 /* ---- Mapping handles ----------------------------------------------------------------- */
 
-CUresult vmm_map_handles(vmm_arena *a, CUdeviceptr base, vmm_handle *const *h, uint32_t n, size_t extent,
+CUresult vmm_mapping_map_handles(vmm_arena *a, CUdeviceptr base, vmm_handle *const *h, uint32_t n, size_t extent,
                          vmm_driver_entry *failed) {
   size_t off = 0;
   CUresult r = CUDA_SUCCESS;
@@ -73,16 +74,16 @@ void vmm_mapping_attach(vmm_mapping *m, vmm_handle **slots, uint32_t n) {
 /* ---- State transitions --------------------------------------------------------------- */
 
 static void set_state(vmm_arena *a, vmm_mapping *m, vmm_mapping_state s) {
-  vmm_stat_add(a, m->kind, m->state, m->extent, -1);
+  vmm_accounting_add_stat(a, m->kind, m->state, m->extent, -1);
   m->state = s;
-  vmm_stat_add(a, m->kind, m->state, m->extent, +1);
+  vmm_accounting_add_stat(a, m->kind, m->state, m->extent, +1);
 }
 
 void vmm_mapping_insert_live(vmm_arena *a, vmm_mapping *m, size_t extent, vmm_kind kind) {
   m->extent = extent;
   m->kind = kind;
   m->state = VMM_MAP_LIVE;
-  vmm_stat_add(a, m->kind, m->state, m->extent, +1);
+  vmm_accounting_add_stat(a, m->kind, m->state, m->extent, +1);
   vmm_table_insert(&a->table, m->base, m);
 }
 
@@ -91,12 +92,12 @@ void vmm_mapping_hand_out(vmm_arena *a, vmm_mapping *m, const vmm_request *req, 
   m->requested = req->bytes;
   m->stream = req->stream;
   m->tag = req->tag;
-  m->pool = req->pool;
+  m->graph_pool = req->graph_pool;
   m->scope_id = scope_id;
   free(m->uses);
   m->uses = NULL;
   m->use_count = 0;
-  vmm_tag_account(a, req->tag, m->extent, +1);
+  vmm_accounting_add_tag(a, req->tag, m->extent, +1);
 }
 
 int vmm_mapping_add_use(vmm_mapping *m, CUstream stream) {
@@ -114,7 +115,7 @@ int vmm_mapping_add_use(vmm_mapping *m, CUstream stream) {
  * `stream`, used by no other stream, of the same kind, pool, scope and reservation. */
 static bool joinable(const vmm_mapping *m, const vmm_mapping *t, CUstream stream) {
   return t->state == VMM_MAP_POOLED && !t->chosen && !m->page && !t->page && t->kind == m->kind &&
-         t->pool == m->pool && t->scope_id == m->scope_id && t->reservation == m->reservation && t->stream == stream &&
+         t->graph_pool == m->graph_pool && t->scope_id == m->scope_id && t->reservation == m->reservation && t->stream == stream &&
          !t->use_count;
 }
 
@@ -126,17 +127,17 @@ static bool join(vmm_arena *a, vmm_mapping *m, vmm_mapping *t) {
   memcpy(hs, m->handles, m->handle_count * sizeof *hs);
   memcpy(hs + m->handle_count, t->handles, t->handle_count * sizeof *hs);
   for (uint32_t i = 0; i < t->handle_count; i++) t->handles[i]->owner = m;
-  vmm_stat_add(a, t->kind, t->state, t->extent, -1);
+  vmm_accounting_add_stat(a, t->kind, t->state, t->extent, -1);
   vmm_table_remove(&a->table, t->base);
-  vmm_stat_add(a, m->kind, m->state, m->extent, -1);
+  vmm_accounting_add_stat(a, m->kind, m->state, m->extent, -1);
   if (m->handles != &m->first) free(m->handles);
   m->handles = hs;
   m->handle_count += t->handle_count;
   m->extent += t->extent;
-  vmm_stat_add(a, m->kind, m->state, m->extent, +1);
+  vmm_accounting_add_stat(a, m->kind, m->state, m->extent, +1);
   if (t->handles != &t->first) free(t->handles);
   t->handles = &t->first, t->handle_count = 0; /* its handles are m's now */
-  vmm_mapping_free(t);
+  vmm_mapping_free_record(t);
   return true;
 }
 
@@ -146,8 +147,8 @@ static bool join(vmm_arena *a, vmm_mapping *m, vmm_mapping *t) {
 static void absorb_tail(vmm_arena *a, vmm_mapping *m, CUstream stream) {
   vmm_mapping *t = vmm_table_find(&a->table, m->base + m->extent);
   if (!t || !vmm_mapping_tail(t) || !joinable(m, t, stream)) return;
-  vmm_pool_remove(&a->store.pool, t);
-  if (!join(a, m, t)) (void)vmm_pool_push(&a->store.pool, t); /* its bucket went to the spare list */
+  vmm_store_pool_remove(&a->store.pool, t);
+  if (!join(a, m, t)) (void)vmm_store_pool_push(&a->store.pool, t); /* its bucket went to the spare list */
 }
 
 /* The same the other way: a tail being pooled joins the pooled mapping it was split off after,
@@ -156,23 +157,23 @@ static void absorb_tail(vmm_arena *a, vmm_mapping *m, CUstream stream) {
 static vmm_mapping *join_before(vmm_arena *a, vmm_mapping *m, CUstream stream) {
   vmm_mapping *h = vmm_mapping_tail(m) ? vmm_table_find(&a->table, m->before) : NULL;
   if (!h || h->base + h->extent != m->base || m->use_count || !joinable(m, h, stream)) return m;
-  vmm_pool_remove(&a->store.pool, h);
+  vmm_store_pool_remove(&a->store.pool, h);
   if (join(a, h, m)) return h;
-  (void)vmm_pool_push(&a->store.pool, h); /* its bucket went to the spare list */
+  (void)vmm_store_pool_push(&a->store.pool, h); /* its bucket went to the spare list */
   return m;
 }
 
 int vmm_mapping_pool(vmm_arena *a, vmm_mapping *m, CUstream stream) {
   bool merges = vmm_policy_of(a)->splits_in_place;
   if (merges) absorb_tail(a, m, stream);
-  if (merges && vmm_pool_reserve(&a->store.pool, 1) == 0) m = join_before(a, m, stream);
+  if (merges && vmm_store_pool_reserve(&a->store.pool, 1) == 0) m = join_before(a, m, stream);
   CUstream old_stream = m->stream;
   uint64_t old_epoch = m->free_epoch;
   m->stream = stream;
   m->free_epoch = a->epoch; /* reuse elsewhere and unmapping wait for this stream until a quiesce */
   m->free_seq = ++a->free_seq;  /* or until a fence recorded after it completes */
-  vmm_join_record(a, &m->join, m->pool, stream, m->uses, m->use_count); /* during a capture: its free markers */
-  if (vmm_pool_push(&a->store.pool, m)) {
+  vmm_join_record(a, &m->join, m->graph_pool, stream, m->uses, m->use_count); /* during a capture: its free markers */
+  if (vmm_store_pool_push(&a->store.pool, m)) {
     m->stream = old_stream, m->free_epoch = old_epoch;
     return -1;
   }
@@ -193,16 +194,16 @@ void vmm_mapping_abandon(vmm_arena *a, vmm_mapping *m) { set_state(a, m, VMM_MAP
 
 void vmm_mapping_pause(vmm_arena *a, vmm_mapping *m, void *backup) {
   m->backup = backup;
-  vmm_tag_account(a, m->tag, m->extent, -1);
-  vmm_tag_account_paused(a, m->tag, m->extent, +1);
+  vmm_accounting_add_tag(a, m->tag, m->extent, -1);
+  vmm_accounting_move_tag_paused(a, m->tag, m->extent, +1);
   set_state(a, m, VMM_MAP_PAUSED);
 }
 
 void vmm_mapping_resume(vmm_arena *a, vmm_mapping *m) {
   vmm_backup_free(m->backup, m->extent);
   m->backup = NULL;
-  vmm_tag_account_paused(a, m->tag, m->extent, -1);
-  vmm_tag_account(a, m->tag, m->extent, +1);
+  vmm_accounting_move_tag_paused(a, m->tag, m->extent, -1);
+  vmm_accounting_add_tag(a, m->tag, m->extent, +1);
   set_state(a, m, VMM_MAP_LIVE);
 }
 
@@ -218,15 +219,15 @@ vmm_status vmm_mapping_unmap(vmm_arena *a, vmm_mapping *m, const char *what) {
   CUresult r = vmm_copier_settle(a); /* a pause's copy whose wait failed may still touch it */
   if (r != CUDA_SUCCESS) {
     char b[32];
-    return vmm_fail_driver(a, r, VMM_DRV_stream_synchronize, "%s: waiting for an earlier pause or resume's copies "
-                           "before unmapping %s %s at 0x%llx", what, vmm_kind_name(m->kind),
-                           vmm_fmt_bytes(m->extent, b), (unsigned long long)m->base);
+    return vmm_errors_fail_driver(a, r, VMM_DRV_stream_synchronize, "%s: waiting for an earlier pause or resume's copies "
+                           "before unmapping %s %s at 0x%llx", what, vmm_errors_kind_name(m->kind),
+                           vmm_errors_fmt_bytes(m->extent, b), (unsigned long long)m->base);
   }
   r = VMM_DRV(a, mem_unmap, m->base, m->extent);
   if (r != CUDA_SUCCESS) {
     char b[32];
-    return vmm_fail_driver(a, r, VMM_DRV_mem_unmap, "%s: unmapping %s %s at 0x%llx", what, vmm_kind_name(m->kind),
-                           vmm_fmt_bytes(m->extent, b), (unsigned long long)m->base);
+    return vmm_errors_fail_driver(a, r, VMM_DRV_mem_unmap, "%s: unmapping %s %s at 0x%llx", what, vmm_errors_kind_name(m->kind),
+                           vmm_errors_fmt_bytes(m->extent, b), (unsigned long long)m->base);
   }
   a->mapped_bytes -= m->extent;
   return VMM_OK;
@@ -240,7 +241,7 @@ vmm_status vmm_mapping_drop_handles(vmm_arena *a, vmm_mapping *m, bool retain) {
     h->kind = m->kind;
     h->owner = NULL;
     if (retain) {
-      vmm_idle_put(a, h);
+      vmm_store_idle_put(a, h);
     } else {
       vmm_status s = vmm_handle_release(a, h);
       if (st == VMM_OK) st = s;
@@ -263,16 +264,16 @@ static size_t handle_bytes(const vmm_mapping *m, uint32_t from, uint32_t to) {
 void vmm_mapping_split_off(vmm_arena *a, vmm_mapping *m, uint32_t k, CUstream *uses, vmm_retiring_range *range) {
   size_t size = handle_bytes(m, 0, k);
   vmm_assert(k > 0 && k < m->handle_count && (uses || !m->use_count));
-  *range = (vmm_retiring_range){m->base, size, m->reservation, m->pool,
+  *range = (vmm_retiring_range){m->base, size, m->reservation, m->graph_pool,
                                 {m->stream, uses, uses ? m->use_count : 0, m->free_epoch, m->free_seq}};
-  vmm_stat_add(a, m->kind, m->state, m->extent, -1);
+  vmm_accounting_add_stat(a, m->kind, m->state, m->extent, -1);
   vmm_table_remove(&a->table, m->base);
   memmove(m->handles, m->handles + k, (m->handle_count - k) * sizeof *m->handles);
   m->handle_count -= k;
   m->base += size;
   m->extent -= size;
   a->mapped_bytes -= size;
-  vmm_stat_add(a, m->kind, m->state, m->extent, +1);
+  vmm_accounting_add_stat(a, m->kind, m->state, m->extent, +1);
   vmm_table_insert(&a->table, m->base, m); /* the slot just freed: cannot fail */
 }
 
@@ -284,7 +285,7 @@ static vmm_mapping *part_record(const vmm_mapping *m, uint32_t k, uint32_t n, si
   vmm_handle **hs = n > 1 ? malloc(n * sizeof *hs) : NULL;
   CUstream *uses = m->use_count ? malloc(m->use_count * sizeof *uses) : NULL;
   if (!t || (n > 1 && !hs) || (m->use_count && !uses)) {
-    vmm_mapping_free(t);
+    vmm_mapping_free_record(t);
     free(hs);
     free(uses);
     return NULL;
@@ -294,7 +295,7 @@ static vmm_mapping *part_record(const vmm_mapping *m, uint32_t k, uint32_t n, si
   if (uses) memcpy(uses, m->uses, m->use_count * sizeof *uses);
   t->handle_count = n;
   t->base = m->base + offset, t->extent = bytes, t->reservation = m->reservation;
-  t->kind = m->kind, t->pool = m->pool, t->tag = m->tag, t->scope_id = m->scope_id;
+  t->kind = m->kind, t->graph_pool = m->graph_pool, t->tag = m->tag, t->scope_id = m->scope_id;
   t->stream = m->stream, t->uses = uses, t->use_count = m->use_count;
   t->free_epoch = m->free_epoch, t->free_seq = m->free_seq;
   t->join = m->join;
@@ -304,7 +305,7 @@ static vmm_mapping *part_record(const vmm_mapping *m, uint32_t k, uint32_t n, si
 }
 
 static void add_part(vmm_arena *a, vmm_mapping *t) {
-  vmm_stat_add(a, t->kind, t->state, t->extent, +1);
+  vmm_accounting_add_stat(a, t->kind, t->state, t->extent, +1);
   vmm_table_insert(&a->table, t->base, t);
   for (uint32_t i = 0; i < t->handle_count; i++) t->handles[i]->owner = t;
 }
@@ -318,14 +319,14 @@ vmm_mapping *vmm_mapping_split_run(vmm_arena *a, vmm_mapping *m, uint32_t first,
                                                        m->extent - before - run, before)
                                          : NULL;
   if (!r || (end < m->handle_count && !t) || vmm_table_reserve_n(&a->table, (first > 0) + (t != NULL))) {
-    if (r != m) vmm_mapping_free(r);
-    vmm_mapping_free(t);
+    if (r != m) vmm_mapping_free_record(r);
+    vmm_mapping_free_record(t);
     return NULL;
   }
-  vmm_stat_add(a, m->kind, m->state, m->extent, -1);
+  vmm_accounting_add_stat(a, m->kind, m->state, m->extent, -1);
   m->handle_count = first ? first : count;
   m->extent = first ? before : run;
-  vmm_stat_add(a, m->kind, m->state, m->extent, +1);
+  vmm_accounting_add_stat(a, m->kind, m->state, m->extent, +1);
   if (r != m) add_part(a, r);
   if (t) add_part(a, t);
   *after = t;
@@ -334,27 +335,27 @@ vmm_mapping *vmm_mapping_split_run(vmm_arena *a, vmm_mapping *m, uint32_t first,
 
 /* m leaves the counters and the table; its handles go, and the record is freed. */
 static vmm_status forget(vmm_arena *a, vmm_mapping *m, bool retain) {
-  if (m->state == VMM_MAP_PAUSED) vmm_tag_account_paused(a, m->tag, m->extent, -1);
-  vmm_stat_add(a, m->kind, m->state, m->extent, -1);
+  if (m->state == VMM_MAP_PAUSED) vmm_accounting_move_tag_paused(a, m->tag, m->extent, -1);
+  vmm_accounting_add_stat(a, m->kind, m->state, m->extent, -1);
   vmm_table_remove(&a->table, m->base);
   vmm_status st = vmm_mapping_drop_handles(a, m, retain);
-  vmm_mapping_free(m);
+  vmm_mapping_free_record(m);
   return st;
 }
 
-void vmm_mapping_dissolve(vmm_arena *a, vmm_mapping *m) {
-  vmm_stat_add(a, m->kind, m->state, m->extent, -1);
+void vmm_mapping_end_into_grown(vmm_arena *a, vmm_mapping *m) {
+  vmm_accounting_add_stat(a, m->kind, m->state, m->extent, -1);
   vmm_table_remove(&a->table, m->base);
-  vmm_mapping_free(m); /* the record and its array; the handles are the grown mapping's */
+  vmm_mapping_free_record(m); /* the record and its array; the handles are the grown mapping's */
 }
 
-vmm_status vmm_mapping_dispose(vmm_arena *a, vmm_mapping *m, bool retain, size_t first_stuck) {
+vmm_status vmm_mapping_end_unmapped(vmm_arena *a, vmm_mapping *m, bool retain, size_t first_stuck) {
   vmm_ranges_free_unless_stuck(a, m->base, m->extent, m->reservation, first_stuck);
   return forget(a, m, retain);
 }
 
-void vmm_mapping_hand_over(vmm_arena *a, vmm_mapping *m, vmm_retiring_range *range) {
-  *range = (vmm_retiring_range){m->base, m->extent, m->reservation, m->pool,
+void vmm_mapping_end_retiring(vmm_arena *a, vmm_mapping *m, vmm_retiring_range *range) {
+  *range = (vmm_retiring_range){m->base, m->extent, m->reservation, m->graph_pool,
                                 {m->stream, m->uses, m->use_count, m->free_epoch, m->free_seq}};
   m->uses = NULL;
   m->use_count = 0;
@@ -362,19 +363,19 @@ void vmm_mapping_hand_over(vmm_arena *a, vmm_mapping *m, vmm_retiring_range *ran
   (void)forget(a, m, true);     /* keeping handles idle makes no driver call */
 }
 
-vmm_status vmm_mapping_retire(vmm_arena *a, vmm_mapping *m, bool retain, const char *what, bool *unmapped) {
+vmm_status vmm_mapping_unmap_and_end(vmm_arena *a, vmm_mapping *m, bool retain, const char *what, bool *unmapped) {
   vmm_status st = vmm_mapping_unmap(a, m, what);
   *unmapped = st == VMM_OK;
-  return st == VMM_OK ? vmm_mapping_dispose(a, m, retain, VMM_NO_STUCK) : st;
+  return st == VMM_OK ? vmm_mapping_end_unmapped(a, m, retain, VMM_NO_STUCK) : st;
 }
 
-vmm_status vmm_mapping_free_paused(vmm_arena *a, vmm_mapping *m, bool retain) {
+vmm_status vmm_mapping_end_paused(vmm_arena *a, vmm_mapping *m, bool retain) {
   if (m->handle_count) { /* mapped again, its backup not yet copied back */
     bool unmapped;
-    return vmm_mapping_retire(a, m, retain, "free", &unmapped);
+    return vmm_mapping_unmap_and_end(a, m, retain, "free", &unmapped);
   }
   vmm_status st = vmm_ranges_unstick(a, m->base, m->extent); /* a failed resume's leftovers go first */
-  return st == VMM_OK ? vmm_mapping_dispose(a, m, retain, VMM_NO_STUCK) : st;
+  return st == VMM_OK ? vmm_mapping_end_unmapped(a, m, retain, VMM_NO_STUCK) : st;
 }
 
 void vmm_mapping_keep(vmm_mapping *m) {
@@ -386,5 +387,5 @@ void vmm_mapping_keep(vmm_mapping *m) {
 void vmm_mapping_destroy(vmm_arena *a, vmm_mapping *m) {
   if (m->handle_count) (void)vmm_mapping_unmap(a, m, "destroy"); /* a failure is logged; paused: nothing mapped */
   (void)vmm_mapping_drop_handles(a, m, false);
-  vmm_mapping_free(m);
+  vmm_mapping_free_record(m);
 }

@@ -43,6 +43,6 @@ int vmm_meminfo_read(const char *path, size_t *available) {
   return vmm_meminfo_parse(buf, n, available);
 }
 
-CUresult vmm_host_memory_available(size_t *bytes) {
+CUresult vmm_meminfo_available(size_t *bytes) {
   return vmm_meminfo_read("/proc/meminfo", bytes) == 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_SUPPORTED;
 }

@@ -11,7 +11,7 @@
 
 #define SLOT_MIN 512u /* the smallest slot, and the rounding of every request */
 
-size_t vmm_page_slot_size(size_t granularity, size_t bytes) {
+size_t vmm_pages_slot_size(size_t granularity, size_t bytes) {
   size_t size = (bytes + SLOT_MIN - 1) / SLOT_MIN * SLOT_MIN;
   if (size <= 4096) return size; /* 512-byte steps */
   if (size <= 65536) {           /* four steps per doubling */
@@ -32,13 +32,13 @@ static uint64_t mix(uint64_t h, uint64_t v) {
 }
 
 static uint64_t key_hash(const vmm_page_key *k) {
-  uint64_t h = mix(mix(mix(k->slot_size, (uint64_t)k->kind << 32 | k->tag), (uint64_t)(uintptr_t)k->stream), k->pool);
+  uint64_t h = mix(mix(mix(k->slot_size, (uint64_t)k->kind << 32 | k->tag), (uint64_t)(uintptr_t)k->stream), k->graph_pool);
   return h ^ (h >> 29);
 }
 
 static bool key_equal(const vmm_page_key *x, const vmm_page_key *y) {
   return x->slot_size == y->slot_size && x->kind == y->kind && x->tag == y->tag && x->stream == y->stream &&
-         x->pool == y->pool;
+         x->graph_pool == y->graph_pool;
 }
 
 /* The slot of `k` in a table of `cap` (a power of two): its set's, or the empty one to fill. */
@@ -136,12 +136,12 @@ static bool still_waits(const vmm_page_set *s, const vmm_page *pg, uint32_t slot
 static bool wait_over(vmm_arena *a, const vmm_page_set *s, vmm_slot_wait *w, bool by_event, bool may_order) {
   if (w->join.capture && vmm_join_reached(a, &w->join, s->key.stream)) return true;
   if (!may_order) return false;
-  if (!w->event && !vmm_stream_capturing(a, w->stream) && (w->event = vmm_event_get(a)) &&
-      !vmm_event_record(a, w->event, w->stream)) {
-    vmm_event_put(a, w->event);
+  if (!w->event && !vmm_order_capturing(a, w->stream) && (w->event = vmm_order_event_get(a)) &&
+      !vmm_order_event_record(a, w->event, w->stream)) {
+    vmm_order_event_put(a, w->event);
     w->event = NULL;
   }
-  return w->event && (by_event ? vmm_stream_wait_event(a, s->key.stream, w->event) : vmm_event_complete(a, w->event));
+  return w->event && (by_event ? vmm_order_wait_event(a, s->key.stream, w->event) : vmm_order_event_complete(a, w->event));
 }
 
 /* Gives back the waiting slots whose waits are over (wait_over); with `by_event`, no stream is
@@ -149,7 +149,7 @@ static bool wait_over(vmm_arena *a, const vmm_page_set *s, vmm_slot_wait *w, boo
  * many waits went. */
 static size_t release_waits(vmm_arena *a, vmm_page_set *s, bool by_event) {
   size_t released = 0;
-  bool may_order = !(by_event && vmm_stream_capturing(a, s->key.stream));
+  bool may_order = !(by_event && vmm_order_capturing(a, s->key.stream));
   for (vmm_slot_wait **link = &s->waits; *link;) {
     vmm_slot_wait *w = *link;
     if (!wait_over(a, s, w, by_event, may_order)) {
@@ -159,7 +159,7 @@ static size_t release_waits(vmm_arena *a, vmm_page_set *s, bool by_event) {
     released++;
     *link = w->next;
     if (!still_waits(s, w->page, w->slot)) release_slot(a, w->page, w->slot);
-    if (w->event) vmm_event_put(a, w->event);
+    if (w->event) vmm_order_event_put(a, w->event);
     free(w);
   }
   return released;
@@ -172,7 +172,7 @@ static size_t record_words(const vmm_arena *a) { return (a->granularity / SLOT_M
 static vmm_status reserve_record(vmm_arena *a) {
   if (a->pages.spare) return VMM_STATUS_COUNT;
   vmm_page *pg = malloc(sizeof *pg + record_words(a) * sizeof pg->bits[0]);
-  if (!pg) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for a page record");
+  if (!pg) return vmm_errors_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for a page record");
   pg->next = NULL;
   a->pages.spare = pg;
   return VMM_STATUS_COUNT;
@@ -180,7 +180,7 @@ static vmm_status reserve_record(vmm_arena *a) {
 
 vmm_status vmm_pages_take(vmm_arena *a, const vmm_page_key *k, CUdeviceptr *out) {
   vmm_page_set *s = set_of(&a->pages, k);
-  if (!s) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for a page set");
+  if (!s) return vmm_errors_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for a page set");
   if (s->waits) release_waits(a, s, a->cfg.order_by_event);
   vmm_page *pg = s->partial;
   while (pg && pg->m->state != VMM_MAP_LIVE) pg = pg->next; /* a paused page holds no memory */
@@ -248,11 +248,11 @@ static size_t make_waits(vmm_arena *a, vmm_page *pg, uint32_t slot) {
       continue;
     }
     *link = w->next;
-    if (!vmm_stream_capturing(a, w->stream) && (w->event = vmm_event_get(a)) && !vmm_event_record(a, w->event, w->stream)) {
-      vmm_event_put(a, w->event);
+    if (!vmm_order_capturing(a, w->stream) && (w->event = vmm_order_event_get(a)) && !vmm_order_event_record(a, w->event, w->stream)) {
+      vmm_order_event_put(a, w->event);
       w->event = NULL;
     }
-    vmm_join_record(a, &w->join, pg->set->key.pool, w->stream, NULL, 0); /* during a capture: its free markers */
+    vmm_join_record(a, &w->join, pg->set->key.graph_pool, w->stream, NULL, 0); /* during a capture: its free markers */
     w->next = pg->set->waits;
     pg->set->waits = w;
     n++;
@@ -308,7 +308,7 @@ void vmm_pages_fini(vmm_arena *a) {
     while (s && s->waits) {
       vmm_slot_wait *w = s->waits;
       s->waits = w->next;
-      if (w->event) vmm_event_put(a, w->event);
+      if (w->event) vmm_order_event_put(a, w->event);
       free(w);
     }
     free(s);

@@ -51,15 +51,15 @@ static int collect(vmm_arena *a, call *c, vmm_mapping_state s) {
 /* Refuses, changing nothing, a tag never used and a tag with nothing to act on. */
 static vmm_status refuse_tag(vmm_arena *a, call *c, vmm_mapping_state s, bool known) {
   if (!known)
-    return vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "%s: no allocation was ever tagged so; nothing changed", c->label);
+    return vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT, "%s: no allocation was ever tagged so; nothing changed", c->label);
   size_t live = count_state(a, c->id, VMM_MAP_LIVE), paused = count_state(a, c->id, VMM_MAP_PAUSED);
   if (s == VMM_MAP_LIVE && paused)
-    return vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "%s: its %zu allocation(s) are already paused; nothing changed",
+    return vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT, "%s: its %zu allocation(s) are already paused; nothing changed",
                     c->label, paused);
   if (s == VMM_MAP_PAUSED && live)
-    return vmm_fail(a, VMM_ERR_INVALID_ARGUMENT,
+    return vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT,
                     "%s: nothing is paused (%zu live allocation(s) carry the tag); nothing changed", c->label, live);
-  return vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "%s: no live or paused allocation carries the tag; nothing changed",
+  return vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT, "%s: no live or paused allocation carries the tag; nothing changed",
                   c->label);
 }
 
@@ -74,9 +74,9 @@ static vmm_status start(vmm_arena *a, call *c, const char *name, vmm_mapping_sta
   vmm_status st = vmm_copier_get(a);
   if (st != VMM_OK) return st;
   while (count_state(a, c->id, VMM_MAP_MOVING)) vmm_copier_wait_turn(a);
-  vmm_process_deferred(a);
+  vmm_order_process_deferred(a);
   if (collect(a, c, s))
-    return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "%s: host out of memory for the list; nothing changed", c->label);
+    return vmm_errors_fail(a, VMM_ERR_OUT_OF_MEMORY, "%s: host out of memory for the list; nothing changed", c->label);
   c->total = c->n;
   return c->n ? VMM_OK : refuse_tag(a, c, s, true);
 }
@@ -85,12 +85,12 @@ static vmm_status start(vmm_arena *a, call *c, const char *name, vmm_mapping_sta
  * would join a capture; a failed query is a driver error. */
 static vmm_status check_not_capturing(vmm_arena *a, const call *c, CUstream stream, CUdeviceptr base) {
   bool capturing;
-  CUresult r = vmm_capture_query(a, stream, &capturing);
+  CUresult r = vmm_order_capture_query(a, stream, &capturing);
   if (r != CUDA_SUCCESS)
-    return vmm_fail_driver(a, r, VMM_DRV_stream_is_capturing, "%s: reading the capture state of stream %p; nothing changed",
+    return vmm_errors_fail_driver(a, r, VMM_DRV_stream_is_capturing, "%s: reading the capture state of stream %p; nothing changed",
                            c->label, (void *)stream);
   if (!capturing) return VMM_OK;
-  return vmm_fail(a, VMM_ERR_SCOPE_STATE,
+  return vmm_errors_fail(a, VMM_ERR_SCOPE_STATE,
                   "%s: stream %p (of the allocation at 0x%llx) is capturing a CUDA graph, and the call would "
                   "synchronize or copy on it; nothing changed",
                   c->label, (void *)stream, (unsigned long long)base);
@@ -101,10 +101,10 @@ static vmm_status check_not_capturing(vmm_arena *a, const call *c, CUstream stre
 static vmm_status check_mode(vmm_arena *a, const char *tag, vmm_pause_mode mode) {
   const char *t = tag ? tag : "untagged";
   if ((unsigned)mode > VMM_PAUSE_BACKUP)
-    return vmm_fail(a, VMM_ERR_INVALID_ARGUMENT, "pause(%s%.280s%s): unknown mode %d; nothing changed", tag ? "\"" : "",
+    return vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT, "pause(%s%.280s%s): unknown mode %d; nothing changed", tag ? "\"" : "",
                     t, tag ? "\"" : "", (int)mode);
   if (mode == VMM_PAUSE_BACKUP && !vmm_backup_supported(a))
-    return vmm_fail(a, VMM_ERR_INVALID_ARGUMENT,
+    return vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT,
                     "pause(%s%.280s%s): the driver table (version %u) has no copy entry points (version 2); nothing "
                     "changed",
                     tag ? "\"" : "", t, tag ? "\"" : "", a->drv->version);
@@ -128,7 +128,7 @@ static vmm_status check_pause(vmm_arena *a, const call *c, vmm_pause_mode mode) 
  * their contents into new backups (VMM_PAUSE_BACKUP). */
 static vmm_status move_out(vmm_arena *a, call *c, vmm_pause_mode mode) {
   if (!(c->backups = calloc(c->n, sizeof *c->backups)))
-    return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "%s: host out of memory for the list; nothing changed", c->label);
+    return vmm_errors_fail(a, VMM_ERR_OUT_OF_MEMORY, "%s: host out of memory for the list; nothing changed", c->label);
   for (size_t i = 0; i < c->n; i++) vmm_mapping_begin_moving(a, c->list[i]);
   c->moving = c->n;
   vmm_copy_error err;
@@ -136,7 +136,7 @@ static vmm_status move_out(vmm_arena *a, call *c, vmm_pause_mode mode) {
   bool ok = vmm_copier_wait_streams(a, c->list, c->n, &err) &&
             (mode != VMM_PAUSE_BACKUP || vmm_backup_save(a, c->list, c->n, c->backups, &err));
   pthread_mutex_lock(&a->lock);
-  return ok ? VMM_OK : vmm_copy_fail(a, &err, c->label, "nothing changed");
+  return ok ? VMM_OK : vmm_copier_fail(a, &err, c->label, "nothing changed");
 }
 
 /* Unmaps one allocation and gives its handles away; it keeps its record and range. */
@@ -169,7 +169,7 @@ static vmm_status pause_all(vmm_arena *a, call *c, vmm_status st, uint64_t *byte
   if (st != VMM_OK && before == VMM_OK) {
     char cause[sizeof a->last_error];
     memcpy(cause, a->last_error, sizeof cause);
-    vmm_fail(a, st, "%s: %zu of %zu allocation(s) paused, then: %s", c->label, paused, c->n, cause);
+    vmm_errors_fail(a, st, "%s: %zu of %zu allocation(s) paused, then: %s", c->label, paused, c->n, cause);
   }
   return st;
 }
@@ -179,7 +179,7 @@ static void end(vmm_arena *a, call *c) {
   vmm_copier_end_turn(a);
   free(c->list);
   free(c->backups);
-  vmm_ctx_leave(a);
+  vmm_driver_ctx_leave(a);
 }
 
 vmm_status vmm_arena_pause(vmm_arena *a, const char *tag, vmm_pause_mode mode) {
@@ -208,7 +208,7 @@ static vmm_status map_one(vmm_arena *a, vmm_mapping *m) {
   if (st != VMM_OK) return st;
   vmm_request req = {m->extent, m->extent, m->kind, m->stream, m->tag};
   vmm_mapping *out;
-  return vmm_assemble(a, &req, vmm_assembly_mode_for(a, m->kind), m, &out);
+  return vmm_assembly_build(a, &req, vmm_assembly_mode_for(a, m->kind), m, &out);
 }
 
 /* Maps memory back into the listed allocations in address order: one without a backup is
@@ -227,7 +227,7 @@ static vmm_status map_run(vmm_arena *a, call *c, size_t *resumed, uint64_t *byte
     } else {
       vmm_mapping_resume(a, m);
       (*resumed)++, *bytes += m->extent;
-      if (vmm_mapping_kept(m) && (st = vmm_pool_kept(a, m)) != VMM_OK) return st; /* freed while paused: the graph's */
+      if (vmm_mapping_kept(m) && (st = vmm_arena_free_kept(a, m)) != VMM_OK) return st; /* freed while paused: the graph's */
     }
   }
   *all = true;
@@ -251,7 +251,7 @@ static vmm_status move_in(vmm_arena *a, call *c, size_t *resumed, uint64_t *byte
     (*resumed)++, *bytes += run[j]->extent;
   }
   c->moving = 0;
-  return ok ? VMM_OK : vmm_copy_fail(a, &err, c->label, "the allocations being copied stay paused, mapped, with their backups");
+  return ok ? VMM_OK : vmm_copier_fail(a, &err, c->label, "the allocations being copied stay paused, mapped, with their backups");
 }
 
 /* Resumes in address order, run by run: the allocations a copy waited for were not MOVING
@@ -266,7 +266,7 @@ static vmm_status resume_all(vmm_arena *a, call *c, size_t *resumed, uint64_t *b
       if (st == VMM_OK) st = copied;
     }
     if (st == VMM_OK && !all && collect(a, c, VMM_MAP_PAUSED))
-      st = vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "%s: host out of memory for the list", c->label);
+      st = vmm_errors_fail(a, VMM_ERR_OUT_OF_MEMORY, "%s: host out of memory for the list", c->label);
   }
   return st;
 }
@@ -286,7 +286,7 @@ vmm_status vmm_arena_resume(vmm_arena *a, const char *tag) {
   if (st == VMM_OK && (st = resume_all(a, &c, &resumed, &bytes)) != VMM_OK) {
     char cause[sizeof a->last_error];
     memcpy(cause, a->last_error, sizeof cause);
-    vmm_fail(a, st, "%s: %zu of %zu allocation(s) resumed; the rest stay paused: %s", c.label, resumed, c.total,
+    vmm_errors_fail(a, st, "%s: %zu of %zu allocation(s) resumed; the rest stay paused: %s", c.label, resumed, c.total,
              cause);
   }
   vmm_trace_arena_op(a, VMM_TRACE_RESUME, -1, 0, bytes, 0, NULL, c.id, VMM_POOL_SHARED, st);

@@ -39,10 +39,10 @@ static vmm_status grow(vmm_arena *a, size_t size) {
   size_t want = size > a->cfg.reserve_bytes ? size : a->cfg.reserve_bytes;
   want = (want + g - 1) / g * g;
   vmm_reservation *room = vmm_array_room(r->reservations, r->reservation_count, &r->reservation_cap, sizeof *room);
-  if (!room) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory growing the reservation list");
+  if (!room) return vmm_errors_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory growing the reservation list");
   r->reservations = room;
   vmm_free_range *f = malloc(sizeof *f);
-  if (!f) return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for a free-range record");
+  if (!f) return vmm_errors_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory for a free-range record");
   CUdeviceptr base = 0;
   CUresult res = VMM_DRV(a, mem_address_reserve, &base, want, g, 0, 0);
   if (res != CUDA_SUCCESS && want > size) {
@@ -53,8 +53,8 @@ static vmm_status grow(vmm_arena *a, size_t size) {
   if (res != CUDA_SUCCESS) {
     free(f);
     char b[32];
-    return vmm_fail_driver(a, res, VMM_DRV_mem_address_reserve, "reserving %s of virtual address space",
-                           vmm_fmt_bytes(want, b));
+    return vmm_errors_fail_driver(a, res, VMM_DRV_mem_address_reserve, "reserving %s of virtual address space",
+                           vmm_errors_fmt_bytes(want, b));
   }
   r->reservations[r->reservation_count] = (vmm_reservation){base, want};
   f->base = base;
@@ -127,7 +127,7 @@ vmm_status vmm_ranges_claim(vmm_arena *a, CUdeviceptr base, size_t size, uint32_
   vmm_assert(f); /* vmm_ranges_is_free said so, and nothing took VA since */
   if (f && carve(&a->ranges, f, base, size) == 0) return VMM_OK;
   char b[32];
-  return vmm_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory claiming %s of VA at 0x%llx", vmm_fmt_bytes(size, b),
+  return vmm_errors_fail(a, VMM_ERR_OUT_OF_MEMORY, "host out of memory claiming %s of VA at 0x%llx", vmm_errors_fmt_bytes(size, b),
                   (unsigned long long)base);
 }
 
@@ -158,7 +158,7 @@ void vmm_ranges_free(vmm_arena *a, CUdeviceptr base, size_t size, uint32_t reser
   vmm_free_range *f = malloc(sizeof *f);
   if (!f) {
     /* Host out of memory: the range stays out of the free list (VA only, never physical). */
-    vmm_log(1, a->cfg.log_level, "vmmarena: host out of memory; %zu bytes of VA not returned", size);
+    vmm_errors_log(1, a->cfg.log_level, "vmmarena: host out of memory; %zu bytes of VA not returned", size);
     return;
   }
   f->base = base;
@@ -180,7 +180,7 @@ void vmm_ranges_keep_stuck(vmm_arena *a, CUdeviceptr base, size_t size) {
   vmm_ranges *r = &a->ranges;
   vmm_reservation *room = vmm_array_room(r->stuck, r->stuck_count, &r->stuck_cap, sizeof *room);
   if (!room) {
-    vmm_log(1, a->cfg.log_level, "vmmarena: host out of memory; mapping 0x%llx+%zu stays mapped until the process ends",
+    vmm_errors_log(1, a->cfg.log_level, "vmmarena: host out of memory; mapping 0x%llx+%zu stays mapped until the process ends",
             (unsigned long long)base, size);
     return;
   }
@@ -206,7 +206,7 @@ vmm_status vmm_ranges_unstick(vmm_arena *a, CUdeviceptr base, size_t extent) {
     }
     CUresult res = VMM_DRV(a, mem_unmap, s.base, s.size);
     if (res != CUDA_SUCCESS)
-      return vmm_fail_driver(a, res, VMM_DRV_mem_unmap, "unmapping 0x%llx+%zu, left mapped by an earlier failure",
+      return vmm_errors_fail_driver(a, res, VMM_DRV_mem_unmap, "unmapping 0x%llx+%zu, left mapped by an earlier failure",
                              (unsigned long long)s.base, s.size);
     r->stuck[k] = r->stuck[--r->stuck_count];
     r->stuck_bytes -= s.size;
@@ -231,8 +231,8 @@ void vmm_ranges_free_unless_stuck(vmm_arena *a, CUdeviceptr base, size_t extent,
 /* Logs a teardown call that failed: nothing is kept for a retry. */
 static void log_teardown(vmm_arena *a, CUresult res, vmm_driver_entry e, CUdeviceptr base, size_t size) {
   if (res != CUDA_SUCCESS)
-    vmm_log(1, a->cfg.log_level, "vmmarena: destroy: %s(0x%llx, %zu) failed: %s", vmm_driver_entry_name(e),
-            (unsigned long long)base, size, vmm_cu_error_name(a, res));
+    vmm_errors_log(1, a->cfg.log_level, "vmmarena: destroy: %s(0x%llx, %zu) failed: %s", vmm_driver_entry_name(e),
+            (unsigned long long)base, size, vmm_errors_cu_name(a, res));
 }
 
 void vmm_ranges_fini(vmm_arena *a) {

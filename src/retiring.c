@@ -64,8 +64,8 @@ static void unmap_one(vmm_arena *a, size_t i, const char *what, bool background)
     vmm_ranges_free(a, x.base, x.size, x.reservation);
     return;
   }
-  vmm_log(1, a->cfg.log_level, "vmmarena: %s: unmapping the retiring range 0x%llx+%zu failed: %s; it stays mapped",
-          what, (unsigned long long)x.base, x.size, vmm_cu_error_name(a, res));
+  vmm_errors_log(1, a->cfg.log_level, "vmmarena: %s: unmapping the retiring range 0x%llx+%zu failed: %s; it stays mapped",
+          what, (unsigned long long)x.base, x.size, vmm_errors_cu_name(a, res));
   vmm_ranges_keep_stuck(a, x.base, x.size);
 }
 
@@ -77,7 +77,7 @@ static size_t oldest_complete(vmm_arena *a) {
   size_t best = SIZE_MAX;
   for (size_t i = 0; i < r->count; i++)
     if (r->items[i].handles && (best == SIZE_MAX || r->items[i].serial < r->items[best].serial) &&
-        vmm_work_complete(a, &r->items[i].work))
+        vmm_order_work_complete(a, &r->items[i].work))
       best = i;
   return best;
 }
@@ -86,7 +86,7 @@ void vmm_retiring_settle(vmm_arena *a) {
   vmm_retiring *r = &a->retiring;
   vmm_unmapper_collect(a); /* the VA the thread has unmapped comes back first */
   for (size_t i = r->count; i-- > 0;) /* a graph's range waits for its pool's release */
-    if (r->items[i].pool == VMM_POOL_SHARED && !r->items[i].handles && vmm_work_complete(a, &r->items[i].work))
+    if (r->items[i].graph_pool == VMM_POOL_SHARED && !r->items[i].handles && vmm_order_work_complete(a, &r->items[i].work))
       unmap_one(a, i, "settling", true);
   size_t i;
   while (r->revivable > VMM_REVIVABLE_MAX && (i = oldest_complete(a)) != SIZE_MAX) unmap_one(a, i, "settling", true);
@@ -120,11 +120,11 @@ void vmm_retiring_unmap_holding(vmm_arena *a, vmm_handle *const *h, uint32_t n, 
  * work is known complete. */
 static vmm_mapping *giver(vmm_reuse_ctx *c, const vmm_handle *h, vmm_kind kind) {
   vmm_mapping *m = h->owner;
-  if (!m || m->state != VMM_MAP_POOLED || m->pool != VMM_POOL_SHARED || m->page || m->kind != kind) return NULL;
+  if (!m || m->state != VMM_MAP_POOLED || m->graph_pool != VMM_POOL_SHARED || m->page || m->kind != kind) return NULL;
   bool inside = true;
   for (uint32_t k = 0; k < m->handle_count && inside; k++) inside = m->handles[k]->taken;
-  if (!inside && !vmm_free_complete(c->a, m)) return NULL;
-  return vmm_usable_on_stream(c, m) ? m : NULL;
+  if (!inside && !vmm_order_free_complete(c->a, m)) return NULL;
+  return vmm_order_usable_on_stream(c, m) ? m : NULL;
 }
 
 /* A run of a retired range's handles, [from, to), `offset` bytes into it. */
@@ -141,7 +141,7 @@ static void mark_run(const vmm_retiring_range *x, run u, bool taken) {
  * mappings, each once, into givers[] (room for the run's handle count) and their count into *n. */
 static bool find_givers(vmm_arena *a, const vmm_retiring_range *x, run u, const vmm_request *req,
                         vmm_mapping **givers, uint32_t *count) {
-  vmm_reuse_ctx c = vmm_reuse_on(a, req->stream, req->last_resort);
+  vmm_reuse_ctx c = vmm_order_reuse_on(a, req->stream, req->last_resort);
   uint32_t n = 0;
   bool ready = true;
   mark_run(x, u, true);
@@ -163,11 +163,11 @@ static void retire_giver(vmm_arena *a, vmm_mapping *m, vmm_handle **copy) {
   uint32_t n = m->handle_count;
   vmm_kind kind = m->kind;
   memcpy(copy, m->handles, n * sizeof *copy);
-  vmm_pool_remove(&a->store.pool, m);
+  vmm_store_pool_remove(&a->store.pool, m);
   for (uint32_t k = 0; k < n; k++)
     if (m->handles[k]->taken) m->handles[k]->owner = NULL, m->handles[k] = NULL;
   vmm_retiring_range range;
-  vmm_mapping_hand_over(a, m, &range); /* the handles left go idle */
+  vmm_mapping_end_retiring(a, m, &range); /* the handles left go idle */
   range.handles = copy, range.handle_count = n, range.kind = kind;
   vmm_retiring_add(a, &range);
 }
@@ -192,7 +192,7 @@ static void revival_free(revival *v, bool lists_too) {
   if (lists_too) free(v->handles);
   free(v->lists);
   free(v->givers);
-  vmm_mapping_free(v->live);
+  vmm_mapping_free_record(v->live);
 }
 
 /* Part of x, its handles [from, to) at `offset` bytes into it, with copies of their list and of
@@ -226,14 +226,14 @@ static bool revival_room(vmm_arena *a, const vmm_retiring_range *x, run u, size_
 
 /* Run u of item i serves: its givers retire, its handles leave the idle tier, and it is live
  * again; the parts of item i before and after it stay retired. */
-static vmm_mapping *revive(vmm_arena *a, size_t i, run u, size_t bytes, revival *v) {
+static vmm_mapping *revive_run(vmm_arena *a, size_t i, run u, size_t bytes, revival *v) {
   vmm_retiring *r = &a->retiring;
   mark_run(&r->items[i], u, true);
   for (uint32_t g = 0; g < v->n_givers; g++) retire_giver(a, v->givers[g], v->lists[g]);
   vmm_retiring_range x = take_item(r, i);
   mark_run(&x, u, false);
   for (uint32_t k = u.from; k < u.to; k++)
-    if (x.handles[k]->idle) vmm_idle_remove(a, x.handles[k]);
+    if (x.handles[k]->idle) vmm_store_idle_remove(a, x.handles[k]);
   for (uint32_t k = 0; k < v->n_parts; k++) put_item(r, &v->parts[k]);
   free(x.work.uses);
   if (v->handles) free(x.handles); /* each part and the run have their own list */
@@ -242,7 +242,7 @@ static vmm_mapping *revive(vmm_arena *a, size_t i, run u, size_t bytes, revival 
   m->base = x.base + u.offset, m->reservation = x.reservation;
   vmm_mapping_attach(m, v->handles ? v->handles : x.handles, u.to - u.from);
   v->handles = NULL;
-  vmm_add_mapped(a, bytes);
+  vmm_accounting_add_mapped(a, bytes);
   vmm_mapping_insert_live(a, m, bytes, x.kind);
   r->revived++;
   r->revived_runs += u.from > 0 || u.to < x.handle_count;
@@ -258,7 +258,7 @@ static vmm_status try_run(vmm_arena *a, size_t i, run u, const vmm_request *req,
     revival_free(&v, true);
     return VMM_STATUS_COUNT;
   }
-  *out = revive(a, i, u, req->rounded, &v);
+  *out = revive_run(a, i, u, req->rounded, &v);
   revival_free(&v, false);
   return VMM_OK;
 }
@@ -286,28 +286,28 @@ vmm_status vmm_retiring_revive(vmm_arena *a, const vmm_request *req, bool part, 
   return VMM_STATUS_COUNT;
 }
 
-void vmm_retiring_release_pool(vmm_arena *a, vmm_pool_id pool) {
+void vmm_retiring_release_graph_pool(vmm_arena *a, vmm_pool_id pool) {
   vmm_retiring *r = &a->retiring;
   for (size_t i = r->count; i-- > 0;)
-    if (r->items[i].pool == pool) unmap_one(a, i, "release_pool", true);
+    if (r->items[i].graph_pool == pool) unmap_one(a, i, "release_pool", true);
 }
 
 /* Waits for stream s unless it captures (*skipped then). */
 static vmm_status wait_stream(vmm_arena *a, CUstream s, const char *what, bool *skipped) {
   bool capturing;
   vmm_driver_entry e = VMM_DRV_stream_is_capturing;
-  CUresult res = vmm_capture_query(a, s, &capturing);
+  CUresult res = vmm_order_capture_query(a, s, &capturing);
   if (res == CUDA_SUCCESS && capturing) *skipped = true;
   if (res == CUDA_SUCCESS && !capturing) e = VMM_DRV_stream_synchronize, res = VMM_DRV(a, stream_synchronize, s);
   if (res == CUDA_SUCCESS) return VMM_OK;
-  return vmm_fail_driver(a, res, e, "%s: waiting for stream %p before unmapping a retiring range", what, (void *)s);
+  return vmm_errors_fail_driver(a, res, e, "%s: waiting for stream %p before unmapping a retiring range", what, (void *)s);
 }
 
 vmm_status vmm_retiring_drain(vmm_arena *a, const char *what) {
   vmm_retiring *r = &a->retiring;
   for (size_t i = r->count; i-- > 0;) {
     vmm_free_work *w = &r->items[i].work;
-    if (r->items[i].pool != VMM_POOL_SHARED) continue; /* a live graph's: its replays use it */
+    if (r->items[i].graph_pool != VMM_POOL_SHARED) continue; /* a live graph's: its replays use it */
     bool skipped = false;
     vmm_status st = w->epoch < a->epoch ? VMM_OK : wait_stream(a, w->stream, what, &skipped);
     for (uint32_t k = 0; k < w->use_count && st == VMM_OK && w->epoch >= a->epoch; k++)

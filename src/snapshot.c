@@ -73,7 +73,7 @@ static vmm_status read_locked(vmm_arena *a, void *out, void (*read)(const vmm_ar
 }
 
 static void read_snapshot(const vmm_arena *a, void *out) { fill(a, out); }
-static void read_usage(const vmm_arena *a, void *out) { vmm_usage_fill(a, out); }
+static void read_usage(const vmm_arena *a, void *out) { vmm_accounting_fill_usage(a, out); }
 
 vmm_status vmm_arena_snapshot(vmm_arena *a, vmm_snapshot *out) { return read_locked(a, out, read_snapshot); }
 
@@ -261,7 +261,7 @@ static const field usage_fields[] = {
 /* The figures of vmm_usage that the totals do not already give. */
 static void usage_json(jw *w, const vmm_arena *a) {
   vmm_usage u;
-  vmm_usage_fill(a, &u);
+  vmm_accounting_fill_usage(a, &u);
   puts_(w, ",\"usage\":");
   FIELDS_JSON(w, &u, usage_fields, true, true);
 }
@@ -349,7 +349,7 @@ static vmm_status mappings_json(jw *w, const vmm_arena *a) {
     if (m->tag) str(w, vmm_tag_name(m->tag));
     else puts_(w, "null");
     printf_(w, ",\"scope\":%llu,\"pool\":%llu,\"slot_size\":%zu}", (unsigned long long)m->scope_id,
-            (unsigned long long)m->pool, m->page ? m->page->set->key.slot_size : (size_t)0);
+            (unsigned long long)m->graph_pool, m->page ? m->page->set->key.slot_size : (size_t)0);
   }
   free(list);
   puts_(w, "]");

@@ -11,7 +11,7 @@
 
 static vmm_bucket *bucket_of(vmm_avl *n) { return n ? vmm_container_of(n, vmm_bucket, node) : NULL; }
 
-int vmm_pool_push(vmm_pool *p, vmm_mapping *m) {
+int vmm_store_pool_push(vmm_pool *p, vmm_mapping *m) {
   vmm_bucket *b = bucket_of(vmm_avl_find(p->root, m->extent, 0));
   if (!b) {
     b = p->spare;
@@ -37,7 +37,7 @@ int vmm_pool_push(vmm_pool *p, vmm_mapping *m) {
   return 0;
 }
 
-int vmm_pool_reserve(vmm_pool *p, size_t n) {
+int vmm_store_pool_reserve(vmm_pool *p, size_t n) {
   size_t spare = 0;
   for (vmm_bucket *b = p->spare; b && spare < n; b = b->next_spare) spare++;
   for (; spare < n; spare++) {
@@ -49,7 +49,7 @@ int vmm_pool_reserve(vmm_pool *p, size_t n) {
   return 0;
 }
 
-void vmm_pool_remove(vmm_pool *p, vmm_mapping *m) {
+void vmm_store_pool_remove(vmm_pool *p, vmm_mapping *m) {
   vmm_bucket *b = m->bucket;
   vmm_assert(b && b->count > 0);
   if (m->pool_prev) m->pool_prev->pool_next = m->pool_next;
@@ -68,13 +68,13 @@ void vmm_pool_remove(vmm_pool *p, vmm_mapping *m) {
   }
 }
 
-vmm_mapping *vmm_pool_take(vmm_pool *p, size_t lo, size_t hi, vmm_pool_usable_fn usable, void *ctx) {
+vmm_mapping *vmm_store_pool_take(vmm_pool *p, size_t lo, size_t hi, vmm_pool_usable_fn usable, void *ctx) {
   for (vmm_bucket *b = bucket_of(vmm_avl_ceil(p->root, lo, 0)); b && b->size <= hi;
        b = bucket_of(vmm_avl_ceil(p->root, b->size + 1, 0))) {
     vmm_assert(b->head && b->count > 0); /* no empty bucket */
     for (vmm_mapping *m = b->head; m; m = m->pool_next) {
       if (usable && !usable(ctx, m)) continue;
-      vmm_pool_remove(p, m);
+      vmm_store_pool_remove(p, m);
       return m;
     }
   }
@@ -104,27 +104,27 @@ static uint32_t run_handles(const vmm_mapping *m, size_t bytes, size_t most, uin
 
 #define RUN_SCAN 64 /* pooled mappings looked at, at most, for a run */
 
-vmm_mapping *vmm_pool_take_run(vmm_pool *p, size_t bytes, size_t most, vmm_pool_usable_fn usable, void *ctx,
+vmm_mapping *vmm_store_pool_take_run(vmm_pool *p, size_t bytes, size_t most, vmm_pool_usable_fn usable, void *ctx,
                                uint32_t *first, uint32_t *count) {
   unsigned seen = 0;
   for (vmm_bucket *b = bucket_of(vmm_avl_ceil(p->root, bytes + 1, 0)); b && seen < RUN_SCAN;
        b = bucket_of(vmm_avl_ceil(p->root, b->size + 1, 0)))
     for (vmm_mapping *m = b->head; m && seen < RUN_SCAN; m = m->pool_next, seen++) { /* larger: fewer than all */
       if (m->page || !(*count = run_handles(m, bytes, most, first)) || *count == m->handle_count || !usable(ctx, m))
-        continue; /* a whole mapping within `most` is a pool hit (vmm_pool_take), not a run */
-      vmm_pool_remove(p, m);
+        continue; /* a whole mapping within `most` is a pool hit (vmm_store_pool_take), not a run */
+      vmm_store_pool_remove(p, m);
       return m;
     }
   return NULL;
 }
 
-vmm_mapping *vmm_pool_peek_drain(const vmm_pool *p) {
+vmm_mapping *vmm_store_pool_peek_drain(const vmm_pool *p) {
   vmm_bucket *b = bucket_of(vmm_avl_last(p->root));
   vmm_assert(!b || b->head); /* no empty bucket */
   return b ? b->head : NULL;
 }
 
-vmm_bucket *vmm_pool_bucket_near(const vmm_pool *p, size_t lo, bool upward) {
+vmm_bucket *vmm_store_pool_bucket_near(const vmm_pool *p, size_t lo, bool upward) {
   if (upward) return bucket_of(vmm_avl_ceil(p->root, lo, 0));
   return bucket_of(vmm_avl_floor(p->root, lo, 0));
 }
@@ -136,7 +136,7 @@ static void free_buckets(vmm_avl *n) {
   free(bucket_of(n));
 }
 
-void vmm_pool_fini(vmm_pool *p) {
+void vmm_store_pool_fini(vmm_pool *p) {
   free_buckets(p->root);
   while (p->spare) {
     vmm_bucket *b = p->spare;
@@ -168,7 +168,7 @@ static int check_bucket(const vmm_avl *n, size_t *buckets, size_t *count, size_t
   return check_bucket(n->right, buckets, count, bytes, handles, why, cap);
 }
 
-int vmm_pool_check(const vmm_pool *p, char *why, size_t cap) {
+int vmm_store_pool_check(const vmm_pool *p, char *why, size_t cap) {
   if (vmm_avl_check(p->root) < 0) return snprintf(why, cap, "pool bucket tree unsorted or unbalanced"), -1;
   size_t buckets = 0, count = 0, bytes = 0, handles = 0;
   if (check_bucket(p->root, &buckets, &count, &bytes, &handles, why, cap)) return -1;
@@ -183,7 +183,7 @@ int vmm_pool_check(const vmm_pool *p, char *why, size_t cap) {
 
 static vmm_handle *handle_of(vmm_avl *n) { return n ? vmm_container_of(n, vmm_handle, node) : NULL; }
 
-void vmm_idle_put(vmm_arena *a, vmm_handle *h) {
+void vmm_store_idle_put(vmm_arena *a, vmm_handle *h) {
   vmm_store *s = &a->store;
   h->node.k1 = h->size;
   if (!h->node.k2) h->node.k2 = ++s->serial; /* a handle put back by an undone assembly keeps its place */
@@ -195,7 +195,7 @@ void vmm_idle_put(vmm_arena *a, vmm_handle *h) {
   a->kind[h->kind].idle_bytes += h->size;
 }
 
-void vmm_idle_remove(vmm_arena *a, vmm_handle *h) {
+void vmm_store_idle_remove(vmm_arena *a, vmm_handle *h) {
   vmm_store *s = &a->store;
   s->idle = vmm_avl_remove(s->idle, h->node.k1, h->node.k2);
   h->idle = false;
@@ -205,25 +205,25 @@ void vmm_idle_remove(vmm_arena *a, vmm_handle *h) {
   a->kind[h->kind].idle_bytes -= h->size;
 }
 
-vmm_handle *vmm_idle_take_at_most(vmm_arena *a, size_t most) {
+vmm_handle *vmm_store_idle_take_at_most(vmm_arena *a, size_t most) {
   vmm_handle *h = handle_of(vmm_avl_floor(a->store.idle, most, UINT64_MAX));
-  if (h) vmm_idle_remove(a, h);
+  if (h) vmm_store_idle_remove(a, h);
   return h;
 }
 
-vmm_handle *vmm_idle_take_at_least(vmm_arena *a, size_t least) {
+vmm_handle *vmm_store_idle_take_at_least(vmm_arena *a, size_t least) {
   vmm_handle *h = handle_of(vmm_avl_ceil(a->store.idle, least, 0));
-  if (h) vmm_idle_remove(a, h);
+  if (h) vmm_store_idle_remove(a, h);
   return h;
 }
 
-vmm_handle *vmm_idle_largest(const vmm_arena *a) { return handle_of(vmm_avl_last(a->store.idle)); }
+vmm_handle *vmm_store_idle_largest(const vmm_arena *a) { return handle_of(vmm_avl_last(a->store.idle)); }
 
-void vmm_idle_abandon_all(vmm_arena *a) {
+void vmm_store_idle_abandon_all(vmm_arena *a) {
   vmm_store *s = &a->store;
   vmm_handle *h;
-  while ((h = vmm_idle_largest(a)) != NULL) {
-    vmm_idle_remove(a, h);
+  while ((h = vmm_store_idle_largest(a)) != NULL) {
+    vmm_store_idle_remove(a, h);
     h->next = s->abandoned;
     s->abandoned = h;
     s->abandoned_count++;
@@ -233,7 +233,7 @@ void vmm_idle_abandon_all(vmm_arena *a) {
   }
 }
 
-vmm_handle *vmm_abandoned_pop(vmm_arena *a) {
+vmm_handle *vmm_store_abandoned_pop(vmm_arena *a) {
   vmm_store *s = &a->store;
   vmm_handle *h = s->abandoned;
   if (!h) return NULL;
@@ -264,7 +264,7 @@ static int check_idle(const vmm_avl *n, vmm_kind_stats *k, size_t *count, uint64
 
 int vmm_store_check(const vmm_arena *a, vmm_kind_stats *k, uint64_t *physical, char *why, size_t cap) {
   const vmm_store *s = &a->store;
-  if (vmm_pool_check(&s->pool, why, cap)) return -1;
+  if (vmm_store_pool_check(&s->pool, why, cap)) return -1;
   if (vmm_avl_check(s->idle) < 0) return snprintf(why, cap, "idle handle tree unsorted or unbalanced"), -1;
   size_t count = 0;
   uint64_t bytes = 0;

@@ -7,7 +7,7 @@
 
 #include "internal.h"
 
-CUresult vmm_capture_query(vmm_arena *a, CUstream s, bool *capturing) {
+CUresult vmm_order_capture_query(vmm_arena *a, CUstream s, bool *capturing) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   CUresult r = VMM_DRV(a, stream_is_capturing, s, &status);
   if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) { /* the legacy stream, while another stream captures */
@@ -18,7 +18,7 @@ CUresult vmm_capture_query(vmm_arena *a, CUstream s, bool *capturing) {
   return r;
 }
 
-int vmm_stream_capturing(vmm_arena *a, CUstream s) {
+int vmm_order_capturing(vmm_arena *a, CUstream s) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   CUresult r = VMM_DRV(a, stream_is_capturing, s, &status);
   return r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
@@ -30,7 +30,7 @@ static CUevent order_event(vmm_arena *a) {
     CUresult r = VMM_DRV(a, event_create, &a->order_event, CU_EVENT_DISABLE_TIMING);
     if (r != CUDA_SUCCESS) {
       a->order_event = NULL;
-      vmm_fail_driver(a, r, VMM_DRV_event_create, "creating the stream-order event");
+      vmm_errors_fail_driver(a, r, VMM_DRV_event_create, "creating the stream-order event");
     }
   }
   return a->order_event;
@@ -41,24 +41,24 @@ static CUevent order_event(vmm_arena *a) {
 static bool order_after(vmm_reuse_ctx *c, CUstream s) {
   vmm_arena *a = c->a;
   if (s == c->stream) return true;
-  if (c->capturing < 0) c->capturing = vmm_stream_capturing(a, c->stream);
-  if (c->capturing || vmm_stream_capturing(a, s)) return false;
+  if (c->capturing < 0) c->capturing = vmm_order_capturing(a, c->stream);
+  if (c->capturing || vmm_order_capturing(a, s)) return false;
   CUevent e = order_event(a);
   if (!e) return false;
   CUresult r = VMM_DRV(a, event_record, e, s);
   if (r != CUDA_SUCCESS) {
-    vmm_fail_driver(a, r, VMM_DRV_event_record, "recording the freeing stream for reuse");
+    vmm_errors_fail_driver(a, r, VMM_DRV_event_record, "recording the freeing stream for reuse");
     return false;
   }
   r = VMM_DRV(a, stream_wait_event, c->stream, e, 0);
   if (r != CUDA_SUCCESS) {
-    vmm_fail_driver(a, r, VMM_DRV_stream_wait_event, "ordering the reusing stream after the free");
+    vmm_errors_fail_driver(a, r, VMM_DRV_stream_wait_event, "ordering the reusing stream after the free");
     return false;
   }
   return true;
 }
 
-vmm_reuse_ctx vmm_reuse_on(vmm_arena *a, CUstream stream, bool last_resort) {
+vmm_reuse_ctx vmm_order_reuse_on(vmm_arena *a, CUstream stream, bool last_resort) {
   return (vmm_reuse_ctx){a, stream, -1, !vmm_policy_of(a)->orders_by_event_last || a->cfg.order_by_event || last_resort};
 }
 
@@ -74,7 +74,7 @@ static bool done_for_stream(vmm_reuse_ctx *c, const vmm_mapping *m) {
   return true;
 }
 
-bool vmm_usable_on_stream(void *arg, vmm_mapping *m) {
+bool vmm_order_usable_on_stream(void *arg, vmm_mapping *m) {
   vmm_reuse_ctx *c = arg;
   if (m->free_epoch < c->a->epoch) return true;
   if (m->join.capture && vmm_join_reached(c->a, &m->join, c->stream)) return true; /* joined inside the capture */
@@ -85,8 +85,8 @@ bool vmm_usable_on_stream(void *arg, vmm_mapping *m) {
   return true;
 }
 
-bool vmm_can_wait_for_free(vmm_arena *a, const vmm_mapping *m) {
-  return m->free_epoch != a->epoch || !vmm_stream_capturing(a, m->stream);
+bool vmm_order_can_wait_for_free(vmm_arena *a, const vmm_mapping *m) {
+  return m->free_epoch != a->epoch || !vmm_order_capturing(a, m->stream);
 }
 
 /* Waits for one stream that used pooled mapping m, unless waited already (see below). */
@@ -96,24 +96,24 @@ static vmm_status wait_for_one(vmm_arena *a, const vmm_mapping *m, CUstream s, c
     if (waited[i] == s) return VMM_OK;
   char b[32];
   bool capturing;
-  CUresult r = vmm_capture_query(a, s, &capturing);
+  CUresult r = vmm_order_capture_query(a, s, &capturing);
   if (r != CUDA_SUCCESS)
-    return vmm_fail_driver(a, r, VMM_DRV_stream_is_capturing, "%s: reading the capture state of stream %p", what,
+    return vmm_errors_fail_driver(a, r, VMM_DRV_stream_is_capturing, "%s: reading the capture state of stream %p", what,
                            (void *)s);
   if (capturing)
-    return vmm_fail(a, VMM_ERR_SCOPE_STATE,
+    return vmm_errors_fail(a, VMM_ERR_SCOPE_STATE,
                     "%s: pooled %s at 0x%llx was used on stream %p, which is capturing and cannot be waited for "
                     "before the unmap; nothing touched",
-                    what, vmm_fmt_bytes(m->extent, b), (unsigned long long)m->base, (void *)s);
+                    what, vmm_errors_fmt_bytes(m->extent, b), (unsigned long long)m->base, (void *)s);
   r = VMM_DRV(a, stream_synchronize, s);
   if (r != CUDA_SUCCESS)
-    return vmm_fail_driver(a, r, VMM_DRV_stream_synchronize, "%s: waiting for stream %p before unmapping pooled %s at 0x%llx",
-                           what, (void *)s, vmm_fmt_bytes(m->extent, b), (unsigned long long)m->base);
+    return vmm_errors_fail_driver(a, r, VMM_DRV_stream_synchronize, "%s: waiting for stream %p before unmapping pooled %s at 0x%llx",
+                           what, (void *)s, vmm_errors_fmt_bytes(m->extent, b), (unsigned long long)m->base);
   if (*n_waited < cap) waited[(*n_waited)++] = s;
   return VMM_OK;
 }
 
-vmm_status vmm_wait_for_free(vmm_arena *a, const vmm_mapping *m, const char *what, CUstream *waited, size_t *n_waited,
+vmm_status vmm_order_wait_for_free(vmm_arena *a, const vmm_mapping *m, const char *what, CUstream *waited, size_t *n_waited,
                              size_t cap) {
   if (m->free_epoch != a->epoch) return VMM_OK; /* a quiesce came after the free */
   vmm_status st = wait_for_one(a, m, m->stream, what, waited, n_waited, cap);
@@ -121,17 +121,17 @@ vmm_status vmm_wait_for_free(vmm_arena *a, const vmm_mapping *m, const char *wha
   return st;
 }
 
-CUresult vmm_stream_wait(vmm_arena *a, CUstream stream) { return VMM_DRV(a, stream_synchronize, stream); }
+CUresult vmm_order_stream_wait(vmm_arena *a, CUstream stream) { return VMM_DRV(a, stream_synchronize, stream); }
 
-vmm_status vmm_quiesce(vmm_arena *a) {
+vmm_status vmm_order_quiesce(vmm_arena *a) {
   CUresult r = VMM_DRV(a, ctx_synchronize);
   if (r != CUDA_SUCCESS)
-    return vmm_fail_driver(a, r, VMM_DRV_ctx_synchronize, "synchronizing device %d to quiesce", a->cfg.device);
+    return vmm_errors_fail_driver(a, r, VMM_DRV_ctx_synchronize, "synchronizing device %d to quiesce", a->cfg.device);
   a->epoch++; /* every free before now is ordered before any later use */
   return VMM_OK;
 }
 
-void vmm_stream_order_fini(vmm_arena *a) {
+void vmm_order_fini(vmm_arena *a) {
   (void)VMM_DRV(a, ctx_synchronize);
   if (a->order_event) (void)VMM_DRV(a, event_destroy, a->order_event);
   a->order_event = NULL;
@@ -147,16 +147,16 @@ void vmm_stream_order_fini(vmm_arena *a) {
 
 /* ---- Capture mode ---------------------------------------------------------------------- */
 
-bool vmm_capture_relax(vmm_arena *a, CUstreamCaptureMode *saved) {
+bool vmm_order_capture_relax(vmm_arena *a, CUstreamCaptureMode *saved) {
   if (!a->captures_underway || a->drv->version < 3 || !a->drv->thread_exchange_stream_capture_mode) return false;
   *saved = CU_STREAM_CAPTURE_MODE_RELAXED;
   if (VMM_DRV_COUNTED(a, thread_exchange_stream_capture_mode, saved) == CUDA_SUCCESS) return true;
-  vmm_log(1, a->cfg.log_level, "vmmarena: cuThreadExchangeStreamCaptureMode failed: a capture in global mode may be "
+  vmm_errors_log(1, a->cfg.log_level, "vmmarena: cuThreadExchangeStreamCaptureMode failed: a capture in global mode may be "
                                "invalidated by the arena's calls");
   return false;
 }
 
-void vmm_capture_restore(vmm_arena *a, bool relaxed, CUstreamCaptureMode saved) {
+void vmm_order_capture_restore(vmm_arena *a, bool relaxed, CUstreamCaptureMode saved) {
   if (relaxed) (void)VMM_DRV_COUNTED(a, thread_exchange_stream_capture_mode, &saved);
 }
 
@@ -178,14 +178,14 @@ static bool stream_done(vmm_arena *a, CUstream s, uint64_t seq) {
   vmm_fence *f = fence_of(a, s);
   if (!f) return false;
   if (f->completed >= seq) return true;
-  if (!f->recorded && !vmm_stream_capturing(a, s) && (f->event || (f->event = vmm_event_get(a))) &&
-      vmm_event_record(a, f->event, s))
+  if (!f->recorded && !vmm_order_capturing(a, s) && (f->event || (f->event = vmm_order_event_get(a))) &&
+      vmm_order_event_record(a, f->event, s))
     f->recorded = a->free_seq;
   if (f->recorded && VMM_DRV(a, event_query, f->event) == CUDA_SUCCESS) f->completed = f->recorded, f->recorded = 0;
   return f->completed >= seq;
 }
 
-bool vmm_work_complete(vmm_arena *a, const vmm_free_work *w) {
+bool vmm_order_work_complete(vmm_arena *a, const vmm_free_work *w) {
   if (w->epoch < a->epoch) return true;
   if (a->drv->version < 3 || !a->drv->event_query) return false;
   bool done = stream_done(a, w->stream, w->seq);
@@ -193,23 +193,23 @@ bool vmm_work_complete(vmm_arena *a, const vmm_free_work *w) {
   return done;
 }
 
-bool vmm_free_complete(vmm_arena *a, const vmm_mapping *m) {
+bool vmm_order_free_complete(vmm_arena *a, const vmm_mapping *m) {
   vmm_free_work w = {m->stream, m->uses, m->use_count, m->free_epoch, m->free_seq};
-  return vmm_work_complete(a, &w);
+  return vmm_order_work_complete(a, &w);
 }
 
 /* ---- Events of slot waits ------------------------------------------------------------- */
 
-CUevent vmm_event_get(vmm_arena *a) {
+CUevent vmm_order_event_get(vmm_arena *a) {
   if (a->spare_event_count) return a->spare_events[--a->spare_event_count];
   CUevent e = NULL;
   CUresult r = VMM_DRV(a, event_create, &e, CU_EVENT_DISABLE_TIMING);
   if (r == CUDA_SUCCESS) return e;
-  vmm_fail_driver(a, r, VMM_DRV_event_create, "creating an event for a slot another stream used");
+  vmm_errors_fail_driver(a, r, VMM_DRV_event_create, "creating an event for a slot another stream used");
   return NULL;
 }
 
-void vmm_event_put(vmm_arena *a, CUevent e) {
+void vmm_order_event_put(vmm_arena *a, CUevent e) {
   CUevent *room = vmm_array_room(a->spare_events, a->spare_event_count, &a->spare_event_cap, sizeof *room);
   if (!room) {
     (void)VMM_DRV(a, event_destroy, e);
@@ -219,36 +219,36 @@ void vmm_event_put(vmm_arena *a, CUevent e) {
   a->spare_events[a->spare_event_count++] = e;
 }
 
-bool vmm_event_record(vmm_arena *a, CUevent e, CUstream stream) {
+bool vmm_order_event_record(vmm_arena *a, CUevent e, CUstream stream) {
   CUresult r = VMM_DRV(a, event_record, e, stream);
   if (r == CUDA_SUCCESS) return true;
-  vmm_fail_driver(a, r, VMM_DRV_event_record, "recording an event on stream %p after a slot it used was freed",
+  vmm_errors_fail_driver(a, r, VMM_DRV_event_record, "recording an event on stream %p after a slot it used was freed",
                   (void *)stream);
   return false;
 }
 
-bool vmm_event_complete(vmm_arena *a, CUevent e) {
+bool vmm_order_event_complete(vmm_arena *a, CUevent e) {
   return a->drv->version >= 3 && a->drv->event_query && VMM_DRV(a, event_query, e) == CUDA_SUCCESS;
 }
 
-bool vmm_stream_wait_event(vmm_arena *a, CUstream stream, CUevent e) {
+bool vmm_order_wait_event(vmm_arena *a, CUstream stream, CUevent e) {
   CUresult r = VMM_DRV(a, stream_wait_event, stream, e, 0);
   if (r == CUDA_SUCCESS) return true;
-  vmm_fail_driver(a, r, VMM_DRV_stream_wait_event, "ordering stream %p after another stream's use of a slot",
+  vmm_errors_fail_driver(a, r, VMM_DRV_stream_wait_event, "ordering stream %p after another stream's use of a slot",
                   (void *)stream);
   return false;
 }
 
 /* ---- Frees deferred by a capture ------------------------------------------------------ */
 
-void vmm_deferred_push(vmm_arena *a, vmm_mapping *m, CUstream stream) {
+void vmm_order_deferred_push(vmm_arena *a, vmm_mapping *m, CUstream stream) {
   vmm_mapping_defer(a, m, stream);
   m->pool_next = a->deferred_head;
   a->deferred_head = m;
   a->deferred_frees++;
 }
 
-void vmm_deferred_abandon_scope(vmm_arena *a, uint64_t scope_id) {
+void vmm_order_deferred_abandon_scope(vmm_arena *a, uint64_t scope_id) {
   for (vmm_mapping **link = &a->deferred_head; *link;) {
     vmm_mapping *m = *link;
     if (m->scope_id != scope_id) {
@@ -261,12 +261,12 @@ void vmm_deferred_abandon_scope(vmm_arena *a, uint64_t scope_id) {
   }
 }
 
-void vmm_process_deferred(vmm_arena *a) {
+void vmm_order_process_deferred(vmm_arena *a) {
   vmm_mapping **link = &a->deferred_head;
   while (*link) {
     vmm_mapping *m = *link;
     bool pool = vmm_policy_of(a)->free_never_waits; /* pooled: reuse is ordered by events, no wait */
-    if (vmm_stream_capturing(a, m->stream) || (!pool && VMM_DRV(a, stream_synchronize, m->stream) != CUDA_SUCCESS)) {
+    if (vmm_order_capturing(a, m->stream) || (!pool && VMM_DRV(a, stream_synchronize, m->stream) != CUDA_SUCCESS)) {
       link = &m->pool_next;
       continue;
     }
@@ -274,7 +274,7 @@ void vmm_process_deferred(vmm_arena *a) {
     m->pool_next = NULL;
     if (pool && vmm_mapping_pool(a, m, m->stream) == 0) continue;
     bool unmapped;
-    if (vmm_mapping_retire(a, m, vmm_policy_of(a)->keeps_frees, "a deferred free", &unmapped) != VMM_OK && !unmapped) {
+    if (vmm_mapping_unmap_and_end(a, m, vmm_policy_of(a)->keeps_frees, "a deferred free", &unmapped) != VMM_OK && !unmapped) {
       /* The unmap failed: keep it deferred for the next attempt. */
       m->pool_next = *link;
       *link = m;

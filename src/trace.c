@@ -9,7 +9,7 @@
 struct vmm_trace_writer {
   FILE *f;
   char *buf;
-  uint64_t start_ns; /* vmm_now_ns() at open: lines carry times since then */
+  uint64_t start_ns; /* vmm_driver_now_ns() at open: lines carry times since then */
 };
 
 static const char *const op_names[VMM_TRACE_OP_COUNT] = {
@@ -60,7 +60,7 @@ vmm_trace_writer *vmm_trace_open(const char *path) {
   }
   setvbuf(w->f, w->buf, _IOFBF, 1 << 20);
   fprintf(w->f, "vmmtrace %d\n", VMM_TRACE_VERSION);
-  w->start_ns = vmm_now_ns();
+  w->start_ns = vmm_driver_now_ns();
   return w;
 }
 
@@ -283,7 +283,7 @@ void vmm_trace_arena_op(vmm_arena *a, vmm_trace_op op, int kind, size_t requeste
                         CUstream stream, uint32_t tag, vmm_pool_id pool, vmm_status result) {
   if (!a->trace) return;
   vmm_trace_record r;
-  r.t_ns = vmm_now_ns();
+  r.t_ns = vmm_driver_now_ns();
   r.op = op;
   r.kind = kind;
   r.requested = requested;

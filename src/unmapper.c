@@ -33,7 +33,7 @@ static void yield_to_mapping(vmm_unmapper *u) {
     uint64_t wait_ns = 20000;
     if (!__atomic_load_n(&u->mapping, __ATOMIC_ACQUIRE)) {
       uint64_t ended = __atomic_load_n(&u->mapped_ns, __ATOMIC_ACQUIRE); /* before the clock: no wrap */
-      uint64_t since = vmm_now_ns() - ended;
+      uint64_t since = vmm_driver_now_ns() - ended;
       if (since >= u->quiet_ns) return;
       wait_ns = u->quiet_ns - since;
     }
@@ -59,7 +59,7 @@ static void *run(void *arg) {
     if (u->done == u->count) pthread_cond_broadcast(&u->idle);
   }
   pthread_mutex_unlock(&u->mu);
-  vmm_ctx_leave(a);
+  vmm_driver_ctx_leave(a);
   return NULL;
 }
 
@@ -81,7 +81,7 @@ static bool start(vmm_arena *a) {
     u->running = true, u->failed = false;
     return true;
   }
-  vmm_log(2, a->cfg.log_level, "vmmarena: no unmapper thread (pthread_create: %d): retired ranges unmap inline", rc);
+  vmm_errors_log(2, a->cfg.log_level, "vmmarena: no unmapper thread (pthread_create: %d): retired ranges unmap inline", rc);
   pthread_cond_destroy(&u->idle);
 no_idle:
   pthread_cond_destroy(&u->work);
@@ -112,7 +112,7 @@ bool vmm_unmapper_take(vmm_arena *a, CUdeviceptr base, size_t size, uint32_t res
 
 void vmm_unmapper_mapping(vmm_arena *a, int delta) {
   vmm_unmapper *u = &a->unmapper;
-  if (delta < 0) __atomic_store_n(&u->mapped_ns, vmm_now_ns(), __ATOMIC_RELEASE);
+  if (delta < 0) __atomic_store_n(&u->mapped_ns, vmm_driver_now_ns(), __ATOMIC_RELEASE);
   __atomic_add_fetch(&u->mapping, delta, __ATOMIC_RELEASE); /* balanced whether or not the thread runs */
 }
 
@@ -127,8 +127,8 @@ void vmm_unmapper_collect(vmm_arena *a) {
       vmm_ranges_free(a, j->base, j->size, j->reservation);
       continue;
     }
-    vmm_log(1, a->cfg.log_level, "vmmarena: unmapping the retired range 0x%llx+%zu failed: %s; it stays mapped",
-            (unsigned long long)j->base, j->size, vmm_cu_error_name(a, j->result));
+    vmm_errors_log(1, a->cfg.log_level, "vmmarena: unmapping the retired range 0x%llx+%zu failed: %s; it stays mapped",
+            (unsigned long long)j->base, j->size, vmm_errors_cu_name(a, j->result));
     vmm_ranges_keep_stuck(a, j->base, j->size);
   }
   memmove(u->jobs, u->jobs + u->done, (u->count - u->done) * sizeof *u->jobs);

@@ -109,7 +109,7 @@ typedef struct fake_call {
   CUresult result;
   uintptr_t a0, a1; /* first two arguments as integers: ptr/size, handle, stream, event ... */
   int other_thread; /* made by a thread other than the one of the last reset */
-  uint64_t ns;      /* when it was made (CLOCK_MONOTONIC, as vmm_now_ns) */
+  uint64_t ns;      /* when it was made (CLOCK_MONOTONIC, as vmm_driver_now_ns) */
 } fake_call;
 size_t fake_call_count(void);
 const fake_call *fake_call_at(size_t index);

@@ -256,7 +256,7 @@ static void slices_at_odd_sizes(void **state) {
       assert_int_equal(fake_read(dptr(p), dev, AREA), 0);
       same_bytes(dev, want_dev, "device", what);
     }
-    vmm_ctx_leave(a);
+    vmm_driver_ctx_leave(a);
     assert_int_equal(vmm_arena_free(a, p, S1), VMM_OK);
     tu_destroy(a);
   }

@@ -10,22 +10,22 @@
 static void test_fmt_bytes_units(void **state) {
   (void)state;
   char b[32];
-  assert_string_equal(vmm_fmt_bytes(0, b), "0 B");
-  assert_string_equal(vmm_fmt_bytes(1023, b), "1023 B");
-  assert_string_equal(vmm_fmt_bytes(1024, b), "1.0 KiB");
-  assert_string_equal(vmm_fmt_bytes(1536, b), "1.5 KiB");
-  assert_string_equal(vmm_fmt_bytes(512 * MiB, b), "512.0 MiB");
-  assert_string_equal(vmm_fmt_bytes(7 * GiB + GiB / 10, b), "7.1 GiB");
-  assert_string_equal(vmm_fmt_bytes((uint64_t)3 << 40, b), "3.0 TiB");
-  assert_string_equal(vmm_fmt_bytes((uint64_t)5 << 50, b), "5.0 PiB");
+  assert_string_equal(vmm_errors_fmt_bytes(0, b), "0 B");
+  assert_string_equal(vmm_errors_fmt_bytes(1023, b), "1023 B");
+  assert_string_equal(vmm_errors_fmt_bytes(1024, b), "1.0 KiB");
+  assert_string_equal(vmm_errors_fmt_bytes(1536, b), "1.5 KiB");
+  assert_string_equal(vmm_errors_fmt_bytes(512 * MiB, b), "512.0 MiB");
+  assert_string_equal(vmm_errors_fmt_bytes(7 * GiB + GiB / 10, b), "7.1 GiB");
+  assert_string_equal(vmm_errors_fmt_bytes((uint64_t)3 << 40, b), "3.0 TiB");
+  assert_string_equal(vmm_errors_fmt_bytes((uint64_t)5 << 50, b), "5.0 PiB");
   /* PiB is the largest unit: larger values stay in PiB. */
-  assert_string_equal(vmm_fmt_bytes((uint64_t)2048 << 50, b), "2048.0 PiB");
-  assert_string_equal(vmm_fmt_bytes(UINT64_MAX, b), "16384.0 PiB");
+  assert_string_equal(vmm_errors_fmt_bytes((uint64_t)2048 << 50, b), "2048.0 PiB");
+  assert_string_equal(vmm_errors_fmt_bytes(UINT64_MAX, b), "16384.0 PiB");
   /* Two decimals from GiB up (vmmarena-replay's table), one below. */
-  assert_string_equal(vmm_fmt_bytes_decimals(8.49 * GiB, 2, b), "8.49 GiB");
-  assert_string_equal(vmm_fmt_bytes_decimals(256 * GiB, 2, b), "256.00 GiB");
-  assert_string_equal(vmm_fmt_bytes_decimals(16 * MiB, 2, b), "16.0 MiB");
-  assert_string_equal(vmm_fmt_bytes_decimals(100, 2, b), "100 B");
+  assert_string_equal(vmm_errors_fmt_bytes_decimals(8.49 * GiB, 2, b), "8.49 GiB");
+  assert_string_equal(vmm_errors_fmt_bytes_decimals(256 * GiB, 2, b), "256.00 GiB");
+  assert_string_equal(vmm_errors_fmt_bytes_decimals(16 * MiB, 2, b), "16.0 MiB");
+  assert_string_equal(vmm_errors_fmt_bytes_decimals(100, 2, b), "100 B");
 }
 
 static void test_status_names_and_messages(void **state) {
@@ -62,17 +62,17 @@ static void test_cu_error_names(void **state) {
   (void)state;
   static vmm_arena a; /* only drv and the driver counters are read */
   a.drv = fake_driver_reset(NULL);
-  assert_string_equal(vmm_cu_error_name(&a, CUDA_ERROR_OUT_OF_MEMORY), "CUDA_ERROR_OUT_OF_MEMORY");
+  assert_string_equal(vmm_errors_cu_name(&a, CUDA_ERROR_OUT_OF_MEMORY), "CUDA_ERROR_OUT_OF_MEMORY");
   assert_int_equal(a.drv_stats[VMM_DRV_get_error_name].calls, 1); /* counted like every driver call */
   /* The fake does not know this code: it fails the lookup. */
-  assert_string_equal(vmm_cu_error_name(&a, (CUresult)12345), "CUDA_ERROR_UNRECOGNIZED");
+  assert_string_equal(vmm_errors_cu_name(&a, (CUresult)12345), "CUDA_ERROR_UNRECOGNIZED");
   assert_int_equal(a.drv_stats[VMM_DRV_get_error_name].failures, 1);
   struct vmm_driver table = *a.drv;
   a.drv = &table;
   table.get_error_name = NULL;
-  assert_string_equal(vmm_cu_error_name(&a, CUDA_ERROR_INVALID_VALUE), "CUDA_ERROR_UNRECOGNIZED");
+  assert_string_equal(vmm_errors_cu_name(&a, CUDA_ERROR_INVALID_VALUE), "CUDA_ERROR_UNRECOGNIZED");
   table.get_error_name = name_success_but_null;
-  assert_string_equal(vmm_cu_error_name(&a, CUDA_ERROR_INVALID_VALUE), "CUDA_ERROR_UNRECOGNIZED");
+  assert_string_equal(vmm_errors_cu_name(&a, CUDA_ERROR_INVALID_VALUE), "CUDA_ERROR_UNRECOGNIZED");
 }
 
 /* Out of memory is recoverable; any other driver error is fatal, and the first one sticks. */
@@ -80,14 +80,14 @@ static void test_fail_driver_sticky_fatal(void **state) {
   (void)state;
   vmm_arena *a = tu_arena(NULL, NULL);
   const char *msg = NULL;
-  assert_int_equal(vmm_fail_driver(a, CUDA_ERROR_OUT_OF_MEMORY, VMM_DRV_mem_create, "creating %d MiB", 2),
+  assert_int_equal(vmm_errors_fail_driver(a, CUDA_ERROR_OUT_OF_MEMORY, VMM_DRV_mem_create, "creating %d MiB", 2),
                    VMM_ERR_OUT_OF_MEMORY);
   assert_non_null(strstr(vmm_arena_last_error(a), "creating 2 MiB: cuMemCreate returned CUDA_ERROR_OUT_OF_MEMORY (2)"));
   assert_non_null(strstr(vmm_arena_last_error(a), "arena holds 0 B live"));
   assert_int_equal(vmm_arena_fatal_error(a, &msg), VMM_OK);
 
-  assert_int_equal(vmm_fail_driver(a, CUDA_ERROR_INVALID_VALUE, VMM_DRV_mem_map, "first"), VMM_ERR_DRIVER);
-  assert_int_equal(vmm_fail_driver(a, CUDA_ERROR_UNKNOWN, VMM_DRV_mem_unmap, "second"), VMM_ERR_DRIVER);
+  assert_int_equal(vmm_errors_fail_driver(a, CUDA_ERROR_INVALID_VALUE, VMM_DRV_mem_map, "first"), VMM_ERR_DRIVER);
+  assert_int_equal(vmm_errors_fail_driver(a, CUDA_ERROR_UNKNOWN, VMM_DRV_mem_unmap, "second"), VMM_ERR_DRIVER);
   assert_non_null(strstr(vmm_arena_last_error(a), "second: cuMemUnmap returned CUDA_ERROR_UNKNOWN"));
   assert_int_equal(vmm_arena_fatal_error(a, &msg), VMM_ERR_DRIVER);
   assert_non_null(strstr(msg, "first: cuMemMap returned CUDA_ERROR_INVALID_VALUE (1)"));
@@ -103,7 +103,7 @@ static void test_describe_holdings(void **state) {
   void *pkg = tu_alloc(a, 4 * MiB, VMM_KIND_PACKAGE, TU_STREAM(0));
   void *tr = tu_alloc(a, 2 * MiB, VMM_KIND_TRANSIENT, TU_STREAM(0));
   char buf[200];
-  vmm_describe_holdings(a, buf, sizeof buf);
+  vmm_errors_describe_holdings(a, buf, sizeof buf);
   assert_string_equal(buf, "arena holds 6.0 MiB live (package 4.0 MiB, transient 2.0 MiB), 0 B pooled, 0 B idle, "
                            "0 B abandoned");
   assert_int_equal(vmm_arena_free(a, pkg, TU_STREAM(0)), VMM_OK);
@@ -111,7 +111,7 @@ static void test_describe_holdings(void **state) {
   tu_destroy(a);
 }
 
-/* Runs vmm_log with stderr sent to a temporary file; returns what it wrote. */
+/* Runs vmm_errors_log with stderr sent to a temporary file; returns what it wrote. */
 static const char *logged(int level, int threshold, int value) {
   static char out[128];
   FILE *capture = tmpfile();
@@ -120,7 +120,7 @@ static const char *logged(int level, int threshold, int value) {
   int saved = dup(fileno(stderr));
   assert_true(saved >= 0);
   assert_true(dup2(fileno(capture), fileno(stderr)) >= 0);
-  vmm_log(level, threshold, "vmmarena: logged %d", value);
+  vmm_errors_log(level, threshold, "vmmarena: logged %d", value);
   fflush(stderr);
   assert_true(dup2(saved, fileno(stderr)) >= 0);
   close(saved);
@@ -241,40 +241,40 @@ static void test_pool_direct(void **state) {
   char why[128];
   vmm_mapping m2a = pooled(0x100000, 2 * MiB), m2b = pooled(0x300000, 2 * MiB);
   vmm_mapping m8 = pooled(0x800000, 8 * MiB);
-  assert_null(vmm_pool_peek_drain(&p));
-  assert_null(vmm_pool_take(&p, 0, SIZE_MAX, NULL, NULL));
-  assert_int_equal(vmm_pool_push(&p, &m2a), 0);
-  assert_int_equal(vmm_pool_push(&p, &m2b), 0);
-  assert_int_equal(vmm_pool_push(&p, &m8), 0);
-  assert_int_equal(vmm_pool_check(&p, why, sizeof why), 0);
+  assert_null(vmm_store_pool_peek_drain(&p));
+  assert_null(vmm_store_pool_take(&p, 0, SIZE_MAX, NULL, NULL));
+  assert_int_equal(vmm_store_pool_push(&p, &m2a), 0);
+  assert_int_equal(vmm_store_pool_push(&p, &m2b), 0);
+  assert_int_equal(vmm_store_pool_push(&p, &m8), 0);
+  assert_int_equal(vmm_store_pool_check(&p, why, sizeof why), 0);
   assert_int_equal(p.buckets, 2);
   assert_int_equal(p.count, 3);
   assert_int_equal(p.bytes, 12 * MiB);
-  assert_ptr_equal(vmm_pool_peek_drain(&p), &m8); /* head of the largest bucket */
+  assert_ptr_equal(vmm_store_pool_peek_drain(&p), &m8); /* head of the largest bucket */
 
   /* Nothing between 3 and 7 MiB; the 8 MiB bucket lies past the bound. */
-  assert_null(vmm_pool_take(&p, 3 * MiB, 7 * MiB, NULL, NULL));
+  assert_null(vmm_store_pool_take(&p, 3 * MiB, 7 * MiB, NULL, NULL));
   /* Nothing at or above 9 MiB. */
-  assert_null(vmm_pool_take(&p, 9 * MiB, SIZE_MAX, NULL, NULL));
+  assert_null(vmm_store_pool_take(&p, 9 * MiB, SIZE_MAX, NULL, NULL));
   /* LIFO within a bucket, but an unusable head is skipped for the next one. */
-  assert_ptr_equal(vmm_pool_take(&p, 2 * MiB, 2 * MiB, usable_unless, &m2b), &m2a);
-  assert_int_equal(vmm_pool_check(&p, why, sizeof why), 0);
+  assert_ptr_equal(vmm_store_pool_take(&p, 2 * MiB, 2 * MiB, usable_unless, &m2b), &m2a);
+  assert_int_equal(vmm_store_pool_check(&p, why, sizeof why), 0);
   /* The only 2 MiB mapping is unusable: the search moves on to the 8 MiB bucket. */
-  assert_ptr_equal(vmm_pool_take(&p, 1, SIZE_MAX, usable_unless, &m2b), &m8);
+  assert_ptr_equal(vmm_store_pool_take(&p, 1, SIZE_MAX, usable_unless, &m2b), &m8);
   assert_int_equal(p.buckets, 1);
   assert_non_null(p.spare); /* the emptied 8 MiB bucket */
   /* A push of a new size reuses the spare bucket. */
   vmm_bucket *spare = p.spare;
   vmm_mapping m4 = pooled(0x2000000, 4 * MiB);
-  assert_int_equal(vmm_pool_push(&p, &m4), 0);
+  assert_int_equal(vmm_store_pool_push(&p, &m4), 0);
   assert_ptr_equal(m4.bucket, spare);
   assert_null(p.spare);
-  vmm_pool_remove(&p, &m2b);
+  vmm_store_pool_remove(&p, &m2b);
   assert_null(m2b.bucket);
-  assert_int_equal(vmm_pool_check(&p, why, sizeof why), 0);
+  assert_int_equal(vmm_store_pool_check(&p, why, sizeof why), 0);
   assert_int_equal(p.count, 1);
   assert_int_equal(p.bytes, 4 * MiB);
-  vmm_pool_fini(&p); /* frees the live 4 MiB bucket and the spare 2 MiB one */
+  vmm_store_pool_fini(&p); /* frees the live 4 MiB bucket and the spare 2 MiB one */
   assert_null(p.root);
   assert_null(p.spare);
   assert_int_equal(p.buckets + p.count + p.bytes, 0);

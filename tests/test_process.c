@@ -73,15 +73,15 @@ static CUdeviceptr dp(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
 static void slot_sizes(void **state) {
   (void)state;
   const size_t g = 2 * MiB;
-  assert_int_equal(vmm_page_slot_size(g, 1), 512);
-  assert_int_equal(vmm_page_slot_size(g, 513), 1024);
-  assert_int_equal(vmm_page_slot_size(g, 4096), 4096);
-  assert_int_equal(vmm_page_slot_size(g, 4097), 5120);   /* 4 KiB steps of 1 KiB */
-  assert_int_equal(vmm_page_slot_size(g, 40000), 40960); /* 32 KiB steps of 8 KiB */
-  assert_int_equal(vmm_page_slot_size(g, 65537), g / 31 / 512 * 512); /* 31 slots fill the page */
-  assert_int_equal(vmm_page_slot_size(g, g / 2), g / 2);
+  assert_int_equal(vmm_pages_slot_size(g, 1), 512);
+  assert_int_equal(vmm_pages_slot_size(g, 513), 1024);
+  assert_int_equal(vmm_pages_slot_size(g, 4096), 4096);
+  assert_int_equal(vmm_pages_slot_size(g, 4097), 5120);   /* 4 KiB steps of 1 KiB */
+  assert_int_equal(vmm_pages_slot_size(g, 40000), 40960); /* 32 KiB steps of 8 KiB */
+  assert_int_equal(vmm_pages_slot_size(g, 65537), g / 31 / 512 * 512); /* 31 slots fill the page */
+  assert_int_equal(vmm_pages_slot_size(g, g / 2), g / 2);
   for (size_t b = 1; b <= g / 2; b = b * 3 + 7) {
-    size_t s = vmm_page_slot_size(g, b);
+    size_t s = vmm_pages_slot_size(g, b);
     assert_true(s >= b && s % 512 == 0 && g / s >= 2);
     assert_true(s - b <= s / 4 || s <= 4096 || g / s < 32); /* at most a quarter wasted, but in big slots */
   }
