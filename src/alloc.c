@@ -134,15 +134,23 @@ vmm_status vmm_arena_free(vmm_arena *a, void *ptr, CUstream stream) {
   return st;
 }
 
+/* The live (or paused) allocation at `base`: a slot of a page (*pg, *slot) or a whole mapping
+ * (*m); false when there is none (arena lock held). */
+static bool find_allocation(vmm_arena *a, CUdeviceptr base, vmm_page **pg, uint32_t *slot, vmm_mapping **m) {
+  *pg = base ? vmm_pages_slot_of(a, base, slot) : NULL;
+  *m = *pg ? NULL : vmm_table_find(&a->table, base);
+  return *pg || (*m && !(*m)->page && vmm_mapping_allocated(*m));
+}
+
 vmm_status vmm_arena_record_stream(vmm_arena *a, void *ptr, CUstream stream) {
   if (!a) return VMM_ERR_INVALID_ARGUMENT;
   CUdeviceptr base = (CUdeviceptr)(uintptr_t)ptr;
   pthread_mutex_lock(&a->lock);
   uint32_t slot;
-  vmm_page *pg = ptr ? vmm_pages_slot_of(a, base, &slot) : NULL;
-  vmm_mapping *m = pg ? NULL : vmm_table_find(&a->table, base);
+  vmm_page *pg;
+  vmm_mapping *m;
   vmm_status st = VMM_OK;
-  if (!pg && !(m && !m->page && vmm_mapping_allocated(m)))
+  if (!find_allocation(a, base, &pg, &slot, &m))
     st = vmm_errors_fail(a, VMM_ERR_UNKNOWN_POINTER, "record_stream(0x%llx, stream %p): not a live allocation of device %d",
                   (unsigned long long)base, (void *)stream, a->cfg.device);
   else if (pg ? vmm_pages_add_use(pg, slot, stream) : vmm_mapping_add_use(m, stream))
@@ -158,16 +166,14 @@ vmm_status vmm_arena_allocation_size(vmm_arena *a, void *ptr, size_t *bytes) {
   CUdeviceptr base = (CUdeviceptr)(uintptr_t)ptr;
   pthread_mutex_lock(&a->lock);
   uint32_t slot;
-  vmm_page *pg = ptr ? vmm_pages_slot_of(a, base, &slot) : NULL;
-  vmm_mapping *m = pg ? NULL : vmm_table_find(&a->table, base);
+  vmm_page *pg;
+  vmm_mapping *m;
   vmm_status st = VMM_OK;
-  if (pg)
-    *bytes = pg->set->key.slot_size;
-  else if (m && !m->page && (m->state == VMM_MAP_LIVE || m->state == VMM_MAP_PAUSED))
-    *bytes = m->extent;
-  else
+  if (!find_allocation(a, base, &pg, &slot, &m))
     st = vmm_errors_fail(a, VMM_ERR_UNKNOWN_POINTER, "allocation_size(0x%llx): not a live allocation of device %d",
                   (unsigned long long)base, a->cfg.device);
+  else
+    *bytes = pg ? pg->set->key.slot_size : m->extent;
   pthread_mutex_unlock(&a->lock);
   return st;
 }
