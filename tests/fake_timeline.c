@@ -325,14 +325,11 @@ static void deps_add(tl_capture *c, CUgraphNode node) {
 }
 
 static void capture_join(CUstream waiter, CUstream waited) {
-  tl_capture *from = capture_of(waited), *into = capture_of(waiter);
-  if (!from || (into && into->id != from->id)) return; /* nothing captured, or two captures: no graph edge */
-  if (!into) {
-    size_t at = (size_t)(from - tl.captures);
-    into = capture_add(waiter, from->id);
-    from = &tl.captures[at];
-  }
-  for (size_t i = 0; i < from->n; i++) deps_add(into, from->deps[i]);
+  tl_capture *found = capture_of(waited), *into = capture_of(waiter);
+  if (!found || (into && into->id != found->id)) return; /* nothing captured, or two captures: no graph edge */
+  size_t from = (size_t)(found - tl.captures); /* an index: capture_add may move the array */
+  if (!into) into = capture_add(waiter, found->id);
+  for (size_t i = 0; i < tl.captures[from].n; i++) deps_add(into, tl.captures[from].deps[i]);
 }
 
 /* The graph of capture `id`: its kernels in the order they were captured. */
