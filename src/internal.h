@@ -263,7 +263,7 @@ VMM_INTERNAL size_t vmm_handle_bound(const vmm_arena *a, size_t fresh);
  *              capturing `stream`, pooled or unmapped once the capture ends (stream_order.c).
  *   ABANDONED  table only, still mapped: its scope was aborted; destroy unmaps it.
  *   PAUSED     table only, no handles (unless a failed resume mapped them again), `backup`
- *              set under VMM_PAUSE_BACKUP. Sub-state "kept" (vmm_mapping_kept): freed while its
+ *              set under VMM_PAUSE_BACKUP. Sub-state `kept` (vmm_mapping_kept): freed while its
  *              graph's pool lives; no longer an allocation, its range the pool's until resume
  *              pools it (LIVE and still kept for that moment, in the resume's call) or
  *              release_pool frees it.
