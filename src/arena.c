@@ -49,12 +49,20 @@ typedef struct hit_ctx {
 static bool hit_usable(void *arg, vmm_mapping *m) {
   hit_ctx *c = arg;
   if (m->kind != c->kind) return false;
-  if (c->shared) return m->graph_pool == VMM_POOL_SHARED && vmm_order_free_complete(c->order.a, m);
-  return m->graph_pool == c->graph_pool && vmm_order_usable_on_stream(&c->order, m);
+  vmm_free_work w = vmm_order_work_of(m);
+  if (c->shared) return m->graph_pool == VMM_POOL_SHARED && vmm_order_may_serve(&c->order, &w, NULL);
+  return m->graph_pool == c->graph_pool && vmm_order_may_serve(&c->order, &w, &m->join);
+}
+
+/* The hit context of `req`; for a graph's request from the shared cache (`shared`), of any
+ * stream, unordered: the free must be known complete. */
+static hit_ctx hit_of(vmm_arena *a, const vmm_request *req, bool shared) {
+  return (hit_ctx){shared ? vmm_order_reuse_anywhere(a) : vmm_order_reuse_on(a, req->stream, req->last_resort), req->kind,
+                   req->graph_pool, shared};
 }
 
 static vmm_mapping *take_pooled(vmm_arena *a, const vmm_request *req, size_t most, bool shared) {
-  hit_ctx c = {vmm_order_reuse_on(a, req->stream, req->last_resort), req->kind, req->graph_pool, shared};
+  hit_ctx c = hit_of(a, req, shared);
   return vmm_store_pool_take(&a->store.pool, req->rounded, most, hit_usable, &c);
 }
 
@@ -72,7 +80,7 @@ static vmm_status from_pool(vmm_arena *a, const vmm_request *req, vmm_mapping **
 static vmm_status take_run(vmm_arena *a, const vmm_request *req, bool shared, vmm_mapping **out) {
   if (!vmm_policy_of(a)->splits_in_place || !pooling(a, req) || a->cfg.reuse != VMM_REUSE_EXACT) return NOTHING;
   if (vmm_store_pool_reserve(&a->store.pool, 2)) return NOTHING;
-  hit_ctx c = {vmm_order_reuse_on(a, req->stream, req->last_resort), req->kind, req->graph_pool, shared};
+  hit_ctx c = hit_of(a, req, shared);
   uint32_t first, count;
   vmm_mapping *m = vmm_store_pool_take_run(&a->store.pool, req->rounded, reuse_limit(a, req), hit_usable, &c, &first, &count);
   vmm_mapping *after = NULL;

@@ -60,7 +60,8 @@ static bool has_handle_at_most(const vmm_mapping *m, size_t most) {
 static bool graph_takes_apart(vmm_arena *a, const plan *p, vmm_mapping *m, size_t left, bool padded) {
   if (!vmm_policy_of(a)->graph_pools_keep || !p->order || m->graph_pool != p->graph_pool || padded || m->handles[0]->size > left)
     return false;
-  return (m->early = vmm_order_usable_on_stream(p->order, m));
+  vmm_free_work w = vmm_order_work_of(m);
+  return (m->early = vmm_order_may_serve(p->order, &w, &m->join));
 }
 
 /* A pooled mapping may be taken apart if it is of the shared pool (a graph's memory stays its
@@ -73,9 +74,11 @@ static bool can_take_apart(vmm_arena *a, const plan *p, vmm_mapping *m, size_t l
   if (!(padded || has_handle_at_most(m, left))) return false;
   if (!vmm_policy_of(a)->retires_taken_apart) return vmm_order_can_wait_for_free(a, m);
   m->early = false;
-  if (vmm_order_free_complete(a, m)) return true;
+  vmm_free_work w = vmm_order_work_of(m);
+  vmm_reuse_ctx any = vmm_order_reuse_anywhere(a);
+  if (vmm_order_may_serve(&any, &w, NULL)) return true;
   /* early: its first handles only, the rest stays pooled (idle, it could serve before its work is done) */
-  return p->early_shared && !padded && m->handles[0]->size <= left && (m->early = vmm_order_usable_on_stream(p->order, m));
+  return p->early_shared && !padded && m->handles[0]->size <= left && (m->early = vmm_order_may_serve(p->order, &w, &m->join));
 }
 
 /* The pooled mapping to take apart for `left` bytes: the smallest that covers them, else the

@@ -204,7 +204,7 @@ VMM_INTERNAL void vmm_join_record(vmm_arena *a, vmm_join *j, vmm_pool_id pool, C
                                   uint32_t n_uses);
 /* Whether memory with markers *j may serve a request on `stream` now: `stream` captures in the
  * same capture and each marker of another stream is reached backwards from its dependencies
- * (a bounded walk: past its bound, not yet). The one question the pages and mappings ask. */
+ * (a bounded walk: past its bound, not yet). Asked only by vmm_order_may_serve (mechanism 2). */
 VMM_INTERNAL bool vmm_join_reached(vmm_arena *a, const vmm_join *j, CUstream stream);
 
 /* ---- Handles (handle.c) -------------------------------------------------------------- */
@@ -263,7 +263,7 @@ VMM_INTERNAL size_t vmm_handle_bound(const vmm_arena *a, size_t fresh);
  *              capturing `stream`, pooled or unmapped once the capture ends (stream_order.c).
  *   ABANDONED  table only, still mapped: its scope was aborted; destroy unmaps it.
  *   PAUSED     table only, no handles (unless a failed resume mapped them again), `backup`
- *              set under VMM_PAUSE_BACKUP. Sub-state "kept" (vmm_mapping_kept): freed while its
+ *              set under VMM_PAUSE_BACKUP. Sub-state `kept` (vmm_mapping_kept): freed while its
  *              graph's pool lives; no longer an allocation, its range the pool's until resume
  *              pools it (LIVE and still kept for that moment, in the resume's call) or
  *              release_pool frees it.
@@ -649,12 +649,16 @@ typedef struct vmm_fence {
 } vmm_fence;
 
 /* The work that may still use freed memory: what was queued on `stream` and on `uses` when
- * the free numbered `seq` came, at quiesce epoch `epoch`. */
+ * the free numbered `seq` came, at quiesce epoch `epoch`. A slot wait's work is its one other
+ * stream with `event`, the wait's own event (recorded on it after the free; *event NULL before),
+ * and no epoch (UINT64_MAX: a quiesce does not end it); a mapping's or a range's has event NULL
+ * and is known complete through the fences. */
 typedef struct vmm_free_work {
   CUstream stream;
   CUstream *uses;
   uint32_t use_count;
   uint64_t epoch, seq;
+  CUevent *event;
 } vmm_free_work;
 
 /* Whether `s` is capturing a graph; the legacy stream counts as capturing while another stream
@@ -665,16 +669,39 @@ VMM_INTERNAL int vmm_order_capturing(vmm_arena *a, CUstream s);
 typedef struct vmm_reuse_ctx {
   vmm_arena *a;
   CUstream stream;
-  int capturing; /* -1 unknown */
-  bool by_event; /* the stream may be made to wait for an event recorded after a free */
+  int capturing;  /* -1 unknown */
+  bool by_event;  /* the stream may be made to wait for an event recorded after a free */
+  bool anywhere;  /* for any stream, unordered (stream unused): the work must be known complete */
 } vmm_reuse_ctx;
 /* The reuse context of a request on `stream`. Orders by event outside whole-process mode, under
  * VMMARENA_STREAM_ORDER=event, or as the `last_resort` of whole-process mode. */
 VMM_INTERNAL vmm_reuse_ctx vmm_order_reuse_on(vmm_arena *a, CUstream stream, bool last_resort);
-/* vmm_pool_usable_fn: a pooled mapping may go to ctx->stream if it was freed there, if a
- * quiesce passed since, if the work of its free on every other stream is known complete
- * (cuEventQuery), or, where ctx->by_event, if the stream can be ordered after that work. */
-VMM_INTERNAL bool vmm_order_usable_on_stream(void *ctx, vmm_mapping *m);
+/* The context of a use by any stream with no order (an idle handle, a capture's take of shared
+ * memory, an unmap): vmm_order_may_serve then asks only whether the work is known complete. */
+VMM_INTERNAL vmm_reuse_ctx vmm_order_reuse_anywhere(vmm_arena *a);
+/* THE ONE ANSWER to "may memory freed with work *w serve a request on c->stream now?"; every
+ * reuse asks it: pooled mappings (arena.c hit_usable, assembly.c can_take_apart and
+ * graph_takes_apart), retired ranges and their givers (retiring.c), page slots' waits (pages.c
+ * release_waits). The mechanisms, asked in this order, the first that answers yes wins:
+ *  1. quiesce: w->epoch is below the arena's (a context synchronize came after the free);
+ *  2. joined inside a capture: `markers` (the free markers, capture_join.c) are all reached
+ *     from c->stream's capture dependencies (vmm_join_reached; ignored where c->anywhere);
+ *  then, for each stream of the work (the freeing stream, each record_stream use):
+ *  3. same stream: it is c->stream (never where c->anywhere): stream order suffices;
+ *  4. known complete, queried with no host wait: where !c->by_event, a fence event recorded on
+ *     it after the free has completed (cuEventQuery; recorded here where none is pending);
+ *     a slot wait's own event (w->event) instead of the fence;
+ *  5. ordered by event, only where c->by_event (the policy orders by event, or
+ *     VMMARENA_STREAM_ORDER=event, or the last resort) and neither stream captures: c->stream is
+ *     made to wait for an event recorded on it now (a slot wait's: the one of its free).
+ * With c->by_event, 4 is not asked; where c->anywhere, only 1 and 4 (every stream, all asked
+ * so that each fence is recorded). Graph-pool membership, kind and a page's tag are not asked
+ * here: they are keys of the pool and page sets (arena.c hit_usable, pages.c vmm_page_key). */
+VMM_INTERNAL bool vmm_order_may_serve(vmm_reuse_ctx *c, const vmm_free_work *w, const vmm_join *markers);
+/* The work of pooled mapping m's free, for vmm_order_may_serve (no copy of its uses). */
+static inline vmm_free_work vmm_order_work_of(const vmm_mapping *m) {
+  return (vmm_free_work){m->stream, m->uses, m->use_count, m->free_epoch, m->free_seq, NULL};
+}
 /* True if m's freeing stream could be waited for now (not capturing), or need not be. */
 VMM_INTERNAL bool vmm_order_can_wait_for_free(vmm_arena *a, const vmm_mapping *m);
 /* Before pooled mapping m is unmapped (by finish or assembly): waits for the work of the
@@ -711,14 +738,6 @@ VMM_INTERNAL bool vmm_order_wait_event(vmm_arena *a, CUstream stream, CUevent e)
  * *saved keeps the mode to restore. Returns whether it did. */
 VMM_INTERNAL bool vmm_order_capture_relax(vmm_arena *a, CUstreamCaptureMode *saved);
 VMM_INTERNAL void vmm_order_capture_restore(vmm_arena *a, bool relaxed, CUstreamCaptureMode saved);
-/* Whether pooled mapping m's work is known complete with no host wait: a quiesce came after
- * its free, or on its freeing stream and every stream added to it an event recorded after the
- * free has completed (cuEventQuery). Records a new event where none is pending, so that a
- * later call can know. */
-VMM_INTERNAL bool vmm_order_free_complete(vmm_arena *a, const vmm_mapping *m);
-/* vmm_order_free_complete for work described apart from its mapping (a retiring range). */
-VMM_INTERNAL bool vmm_order_work_complete(vmm_arena *a, const vmm_free_work *w);
-
 /* Moves the deferred frees of an aborted scope to its abandoned memory (no driver call). */
 VMM_INTERNAL void vmm_order_deferred_abandon_scope(vmm_arena *a, uint64_t scope_id);
 

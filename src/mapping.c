@@ -265,7 +265,7 @@ void vmm_mapping_split_off(vmm_arena *a, vmm_mapping *m, uint32_t k, CUstream *u
   size_t size = handle_bytes(m, 0, k);
   vmm_assert(k > 0 && k < m->handle_count && (uses || !m->use_count));
   *range = (vmm_retiring_range){m->base, size, m->reservation, m->graph_pool,
-                                {m->stream, uses, uses ? m->use_count : 0, m->free_epoch, m->free_seq}};
+                                {m->stream, uses, uses ? m->use_count : 0, m->free_epoch, m->free_seq, NULL}};
   vmm_accounting_add_stat(a, m->kind, m->state, m->extent, -1);
   vmm_table_remove(&a->table, m->base);
   memmove(m->handles, m->handles + k, (m->handle_count - k) * sizeof *m->handles);
@@ -356,7 +356,7 @@ vmm_status vmm_mapping_end_unmapped(vmm_arena *a, vmm_mapping *m, bool retain, s
 
 void vmm_mapping_end_retiring(vmm_arena *a, vmm_mapping *m, vmm_retiring_range *range) {
   *range = (vmm_retiring_range){m->base, m->extent, m->reservation, m->graph_pool,
-                                {m->stream, m->uses, m->use_count, m->free_epoch, m->free_seq}};
+                                {m->stream, m->uses, m->use_count, m->free_epoch, m->free_seq, NULL}};
   m->uses = NULL;
   m->use_count = 0;
   a->mapped_bytes -= m->extent; /* mapped still, but by a retiring range, no longer a mapping */

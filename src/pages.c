@@ -128,31 +128,16 @@ static bool still_waits(const vmm_page_set *s, const vmm_page *pg, uint32_t slot
   return false;
 }
 
-/* Whether slot wait w is over for the page's stream: the streams joined inside the capture
- * (capture_join.c), or the event recorded on the other stream after the free is known complete
- * (cuEventQuery) or, `by_event`, the page's stream waits for it. The event is recorded here
- * where the free could not (the other stream captured then); none is recorded or waited for
- * unless `may_order`. */
-static bool wait_over(vmm_arena *a, const vmm_page_set *s, vmm_slot_wait *w, bool by_event, bool may_order) {
-  if (w->join.capture && vmm_join_reached(a, &w->join, s->key.stream)) return true;
-  if (!may_order) return false;
-  if (!w->event && !vmm_order_capturing(a, w->stream) && (w->event = vmm_order_event_get(a)) &&
-      !vmm_order_event_record(a, w->event, w->stream)) {
-    vmm_order_event_put(a, w->event);
-    w->event = NULL;
-  }
-  return w->event && (by_event ? vmm_order_wait_event(a, s->key.stream, w->event) : vmm_order_event_complete(a, w->event));
-}
-
-/* Gives back the waiting slots whose waits are over (wait_over); with `by_event`, no stream is
- * ordered while the page's stream captures (its graph would wait on outside work). Returns how
- * many waits went. */
+/* Gives back the waiting slots whose waits are over for the page's stream (vmm_order_may_serve,
+ * each wait's work its other stream and event); with `by_event`, no stream is ordered while the
+ * page's stream captures. Returns how many waits went. */
 static size_t release_waits(vmm_arena *a, vmm_page_set *s, bool by_event) {
   size_t released = 0;
-  bool may_order = !(by_event && vmm_order_capturing(a, s->key.stream));
+  vmm_reuse_ctx c = {a, s->key.stream, by_event ? vmm_order_capturing(a, s->key.stream) : -1, by_event, false};
   for (vmm_slot_wait **link = &s->waits; *link;) {
     vmm_slot_wait *w = *link;
-    if (!wait_over(a, s, w, by_event, may_order)) {
+    vmm_free_work work = {w->stream, NULL, 0, UINT64_MAX, 0, &w->event};
+    if (!vmm_order_may_serve(&c, &work, &w->join)) {
       link = &w->next;
       continue;
     }

@@ -75,9 +75,10 @@ static void unmap_one(vmm_arena *a, size_t i, const char *what, bool background)
 static size_t oldest_complete(vmm_arena *a) {
   vmm_retiring *r = &a->retiring;
   size_t best = SIZE_MAX;
+  vmm_reuse_ctx any = vmm_order_reuse_anywhere(a);
   for (size_t i = 0; i < r->count; i++)
     if (r->items[i].handles && (best == SIZE_MAX || r->items[i].serial < r->items[best].serial) &&
-        vmm_order_work_complete(a, &r->items[i].work))
+        vmm_order_may_serve(&any, &r->items[i].work, NULL))
       best = i;
   return best;
 }
@@ -85,8 +86,9 @@ static size_t oldest_complete(vmm_arena *a) {
 void vmm_retiring_settle(vmm_arena *a) {
   vmm_retiring *r = &a->retiring;
   vmm_unmapper_collect(a); /* the VA the thread has unmapped comes back first */
+  vmm_reuse_ctx any = vmm_order_reuse_anywhere(a); /* unmapped once its work is complete */
   for (size_t i = r->count; i-- > 0;) /* a graph's range waits for its pool's release */
-    if (r->items[i].graph_pool == VMM_POOL_SHARED && !r->items[i].handles && vmm_order_work_complete(a, &r->items[i].work))
+    if (r->items[i].graph_pool == VMM_POOL_SHARED && !r->items[i].handles && vmm_order_may_serve(&any, &r->items[i].work, NULL))
       unmap_one(a, i, "settling", true);
   size_t i;
   while (r->revivable > VMM_REVIVABLE_MAX && (i = oldest_complete(a)) != SIZE_MAX) unmap_one(a, i, "settling", true);
@@ -123,8 +125,10 @@ static vmm_mapping *giver(vmm_reuse_ctx *c, const vmm_handle *h, vmm_kind kind) 
   if (!m || m->state != VMM_MAP_POOLED || m->graph_pool != VMM_POOL_SHARED || m->page || m->kind != kind) return NULL;
   bool inside = true;
   for (uint32_t k = 0; k < m->handle_count && inside; k++) inside = m->handles[k]->taken;
-  if (!inside && !vmm_order_free_complete(c->a, m)) return NULL;
-  return vmm_order_usable_on_stream(c, m) ? m : NULL;
+  vmm_free_work w = vmm_order_work_of(m);
+  vmm_reuse_ctx any = vmm_order_reuse_anywhere(c->a);
+  if (!inside && !vmm_order_may_serve(&any, &w, NULL)) return NULL;
+  return vmm_order_may_serve(c, &w, &m->join) ? m : NULL;
 }
 
 /* A run of a retired range's handles, [from, to), `offset` bytes into it. */

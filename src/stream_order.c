@@ -36,13 +36,18 @@ static CUevent order_event(vmm_arena *a) {
   return a->order_event;
 }
 
+/* Whether c's stream captures (asked once). */
+static bool ctx_capturing(vmm_reuse_ctx *c) {
+  if (c->capturing < 0) c->capturing = vmm_order_capturing(c->a, c->stream);
+  return c->capturing;
+}
+
 /* Orders c->stream after the work queued on `s` by now, with no host wait; false where one of
  * the two captures or a driver call fails. Nothing to do for c->stream itself. */
 static bool order_after(vmm_reuse_ctx *c, CUstream s) {
   vmm_arena *a = c->a;
   if (s == c->stream) return true;
-  if (c->capturing < 0) c->capturing = vmm_order_capturing(a, c->stream);
-  if (c->capturing || vmm_order_capturing(a, s)) return false;
+  if (ctx_capturing(c) || vmm_order_capturing(a, s)) return false;
   CUevent e = order_event(a);
   if (!e) return false;
   CUresult r = VMM_DRV(a, event_record, e, s);
@@ -59,29 +64,52 @@ static bool order_after(vmm_reuse_ctx *c, CUstream s) {
 }
 
 vmm_reuse_ctx vmm_order_reuse_on(vmm_arena *a, CUstream stream, bool last_resort) {
-  return (vmm_reuse_ctx){a, stream, -1, !vmm_policy_of(a)->orders_by_event_last || a->cfg.order_by_event || last_resort};
+  return (vmm_reuse_ctx){a, stream, -1, !vmm_policy_of(a)->orders_by_event_last || a->cfg.order_by_event || last_resort,
+                         false};
 }
+
+vmm_reuse_ctx vmm_order_reuse_anywhere(vmm_arena *a) { return (vmm_reuse_ctx){a, NULL, -1, false, true}; }
 
 static bool stream_done(vmm_arena *a, CUstream s, uint64_t seq);
 
-/* Whether every stream that freed or used m is c->stream or has done the work of m's free. */
-static bool done_for_stream(vmm_reuse_ctx *c, const vmm_mapping *m) {
+/* Mechanisms 3 and 4 through the fences: each stream of w is c->stream or known complete.
+ * Stops at the first that is neither, unless c->anywhere (then each fence is asked). */
+static bool known_complete(vmm_reuse_ctx *c, const vmm_free_work *w) {
   vmm_arena *a = c->a;
   bool queryable = a->drv->version >= 3 && a->drv->event_query;
-  if (m->stream != c->stream && !(queryable && stream_done(a, m->stream, m->free_seq))) return false;
-  for (uint32_t i = 0; i < m->use_count; i++)
-    if (m->uses[i] != c->stream && !(queryable && stream_done(a, m->uses[i], m->free_seq))) return false;
-  return true;
+  bool done = true;
+  for (int64_t i = -1; i < (int64_t)w->use_count; i++) {
+    CUstream s = i < 0 ? w->stream : w->uses[i];
+    if (!c->anywhere && s == c->stream) continue; /* same stream */
+    done = queryable && stream_done(a, s, w->seq) && done;
+    if (!done && !c->anywhere) return false;
+  }
+  return done;
 }
 
-bool vmm_order_usable_on_stream(void *arg, vmm_mapping *m) {
-  vmm_reuse_ctx *c = arg;
-  if (m->free_epoch < c->a->epoch) return true;
-  if (m->join.capture && vmm_join_reached(c->a, &m->join, c->stream)) return true; /* joined inside the capture */
-  if (!c->by_event) return done_for_stream(c, m);
-  if (!order_after(c, m->stream)) return false;
-  for (uint32_t i = 0; i < m->use_count; i++)
-    if (!order_after(c, m->uses[i])) return false;
+/* Mechanisms 4 and 5 for a slot wait: its own event, recorded here where the free could not
+ * (the other stream captured then), is known complete or, by event, waited for by c->stream;
+ * nothing is recorded or waited for while c->stream captures and orders by event (its graph
+ * would wait on outside work). */
+static bool slot_event_over(vmm_reuse_ctx *c, const vmm_free_work *w) {
+  vmm_arena *a = c->a;
+  CUevent *e = w->event;
+  if (c->by_event && ctx_capturing(c)) return false;
+  if (!*e && !vmm_order_capturing(a, w->stream) && (*e = vmm_order_event_get(a)) && !vmm_order_event_record(a, *e, w->stream)) {
+    vmm_order_event_put(a, *e);
+    *e = NULL;
+  }
+  return *e && (c->by_event ? vmm_order_wait_event(a, c->stream, *e) : vmm_order_event_complete(a, *e));
+}
+
+bool vmm_order_may_serve(vmm_reuse_ctx *c, const vmm_free_work *w, const vmm_join *markers) {
+  if (w->epoch < c->a->epoch) return true; /* 1: quiesced */
+  if (!c->anywhere && markers && markers->capture && vmm_join_reached(c->a, markers, c->stream)) return true; /* 2 */
+  if (w->event) return slot_event_over(c, w);
+  if (!c->by_event) return known_complete(c, w); /* 3, 4 */
+  if (!order_after(c, w->stream)) return false; /* 3, 5 */
+  for (uint32_t i = 0; i < w->use_count; i++)
+    if (!order_after(c, w->uses[i])) return false;
   return true;
 }
 
@@ -183,19 +211,6 @@ static bool stream_done(vmm_arena *a, CUstream s, uint64_t seq) {
     f->recorded = a->free_seq;
   if (f->recorded && VMM_DRV(a, event_query, f->event) == CUDA_SUCCESS) f->completed = f->recorded, f->recorded = 0;
   return f->completed >= seq;
-}
-
-bool vmm_order_work_complete(vmm_arena *a, const vmm_free_work *w) {
-  if (w->epoch < a->epoch) return true;
-  if (a->drv->version < 3 || !a->drv->event_query) return false;
-  bool done = stream_done(a, w->stream, w->seq);
-  for (uint32_t i = 0; i < w->use_count; i++) done = stream_done(a, w->uses[i], w->seq) && done;
-  return done;
-}
-
-bool vmm_order_free_complete(vmm_arena *a, const vmm_mapping *m) {
-  vmm_free_work w = {m->stream, m->uses, m->use_count, m->free_epoch, m->free_seq};
-  return vmm_order_work_complete(a, &w);
 }
 
 /* ---- Events of slot waits ------------------------------------------------------------- */
