@@ -161,7 +161,7 @@ static vmm_status from_released_cache(vmm_arena *a, const vmm_request *req, vmm_
   if (!vmm_policy_of(a)->releases_on_refusal || !has_cache(a)) return NOTHING;
   char refusal[sizeof a->last_error];
   memcpy(refusal, a->last_error, sizeof refusal);
-  vmm_status st = vmm_arena_release_cache(a, "a request refused new memory");
+  vmm_status st = vmm_arena_release_cache(a, "a request refused new memory", false);
   memcpy(a->last_error, refusal, sizeof refusal); /* the refusal stays the message if the retry fails too */
   if (st != VMM_OK) return NOTHING;
   a->cache_releases++;
@@ -262,18 +262,18 @@ vmm_status vmm_arena_free_page(vmm_arena *a, vmm_mapping *m) {
   return st;
 }
 
-/* Empty pages (their last slot given back after a wait) back to the pool as whole mappings;
- * the first that cannot be freed stops the call. */
-static vmm_status free_empty_pages(vmm_arena *a) {
-  vmm_pages_settle(a);
+/* Empty pages (their last slot given back once its other streams' work is complete, waited for
+ * on the host with `wait`) back to the pool as whole mappings; the first that cannot be freed
+ * stops the call. */
+static vmm_status free_empty_pages(vmm_arena *a, bool wait) {
+  vmm_status st = vmm_pages_settle(a, wait);
   vmm_mapping *m;
-  vmm_status st = VMM_OK;
   while (st == VMM_OK && (m = vmm_pages_find_empty(a)) != NULL) st = vmm_arena_free_page(a, m);
   return st;
 }
 
-vmm_status vmm_arena_release_cache(vmm_arena *a, const char *what) {
-  vmm_status st = free_empty_pages(a);
+vmm_status vmm_arena_release_cache(vmm_arena *a, const char *what, bool wait_for_slots) {
+  vmm_status st = free_empty_pages(a, wait_for_slots);
   return st == VMM_OK ? vmm_drain_all(a, what) : st;
 }
 

@@ -8,7 +8,7 @@ vmm_status vmm_arena_empty_cache(vmm_arena *a) {
   if (!a) return VMM_ERR_INVALID_ARGUMENT;
   pthread_mutex_lock(&a->lock);
   uint64_t held = a->physical_bytes;
-  vmm_status st = vmm_policy_of(a)->holds_until_finish ? VMM_OK : vmm_arena_release_cache(a, "vmm_arena_empty_cache");
+  vmm_status st = vmm_policy_of(a)->holds_until_finish ? VMM_OK : vmm_arena_release_cache(a, "vmm_arena_empty_cache", true);
   /* the bytes released: nothing is created while the cache is emptied */
   vmm_trace_arena_op(a, VMM_TRACE_EMPTY_CACHE, -1, 0, held - a->physical_bytes, 0, NULL, 0, VMM_POOL_SHARED, st);
   vmm_driver_ctx_leave(a);

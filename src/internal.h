@@ -624,8 +624,10 @@ VMM_INTERNAL int vmm_pages_add_use(vmm_page *pg, uint32_t slot, CUstream stream)
  * waiting slots, which are given back. True if any was. */
 VMM_INTERNAL bool vmm_pages_order_waits(vmm_arena *a, const vmm_page_key *k);
 /* Gives back every waiting slot whose events are complete (or, under
- * VMMARENA_STREAM_ORDER=event, whose page's stream can wait for them now). */
-VMM_INTERNAL void vmm_pages_settle(vmm_arena *a);
+ * VMMARENA_STREAM_ORDER=event, whose page's stream can wait for them now); with `wait` (the
+ * cache being given back) the other streams that do not capture are first waited for on the
+ * host. A failed synchronize is returned, the slots still waiting. */
+VMM_INTERNAL vmm_status vmm_pages_settle(vmm_arena *a, bool wait);
 /* A live page whose slots are all free (left so by a wait given back), or NULL. */
 VMM_INTERNAL vmm_mapping *vmm_pages_find_empty(const vmm_arena *a);
 /* An empty page back to a plain mapping (m->page NULL). */
@@ -1178,8 +1180,11 @@ VMM_INTERNAL vmm_status vmm_arena_free_page(vmm_arena *a, vmm_mapping *m);
 VMM_INTERNAL vmm_status vmm_arena_refuse_pointer(vmm_arena *a, CUdeviceptr p, vmm_mapping *m);
 
 /* Outside a retaining scope: empty pages back to the pool, then the pool and the idle tier
- * back to the driver (vmm_arena_empty_cache, and a request that finds new memory refused). */
-VMM_INTERNAL vmm_status vmm_arena_release_cache(vmm_arena *a, const char *what);
+ * back to the driver (vmm_arena_empty_cache, and a request that finds new memory refused).
+ * With `wait_for_slots` (empty_cache) a page's slots still waiting for other streams are given
+ * back after those streams are waited for on the host; a refused request leaves them to its
+ * last resort, an event. */
+VMM_INTERNAL vmm_status vmm_arena_release_cache(vmm_arena *a, const char *what, bool wait_for_slots);
 
 /* ---- Scope (scope.c) ----------------------------------------------------------------- */
 

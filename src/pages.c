@@ -252,9 +252,36 @@ bool vmm_pages_give_back(vmm_arena *a, vmm_page *pg, uint32_t slot) {
   return pg->used == 0;
 }
 
-void vmm_pages_settle(vmm_arena *a) {
-  for (size_t i = 0; i < a->pages.cap; i++)
-    if (a->pages.slots[i] && a->pages.slots[i]->waits) release_waits(a, a->pages.slots[i], a->cfg.order_by_event);
+/* Waits on the host for the other stream of every waiting slot of s that does not capture (its
+ * event recorded first), so that release_waits finds the event complete. */
+static vmm_status sync_waits(vmm_arena *a, vmm_page_set *s) {
+  CUstream last = NULL;
+  for (vmm_slot_wait *w = s->waits; w; w = w->next) {
+    if (vmm_order_capturing(a, w->stream)) continue;
+    if (!w->event && (w->event = vmm_order_event_get(a)) && !vmm_order_event_record(a, w->event, w->stream)) {
+      vmm_order_event_put(a, w->event);
+      w->event = NULL;
+    }
+    if (w->stream == last) continue;
+    CUresult r = VMM_DRV(a, stream_synchronize, w->stream);
+    if (r != CUDA_SUCCESS)
+      return vmm_errors_fail_driver(a, r, VMM_DRV_stream_synchronize,
+                                    "giving the cache back: waiting for stream %p, which used a slot of the page at 0x%llx",
+                                    (void *)w->stream, (unsigned long long)w->page->m->base);
+    last = w->stream;
+  }
+  return VMM_OK;
+}
+
+vmm_status vmm_pages_settle(vmm_arena *a, bool wait) {
+  for (size_t i = 0; i < a->pages.cap; i++) {
+    vmm_page_set *s = a->pages.slots[i];
+    if (!s || !s->waits) continue;
+    vmm_status st = wait ? sync_waits(a, s) : VMM_OK;
+    if (st != VMM_OK) return st;
+    release_waits(a, s, a->cfg.order_by_event);
+  }
+  return VMM_OK;
 }
 
 vmm_mapping *vmm_pages_find_empty(const vmm_arena *a) {

@@ -1231,6 +1231,33 @@ static void record_stream_orders_reuse_of_a_slot(void **state) {
   tu_destroy(a);
 }
 
+/* empty_cache gives back a page whose last slot still waits for another stream's work (the
+ * device behind): that stream is waited for on the host first, then the page unmapped; with
+ * its synchronize refused, the call fails and the slot keeps waiting (a fuzz_process input
+ * found the page held after everything was freed and the cache emptied). */
+static void empty_cache_waits_for_a_slots_other_stream(void **state) {
+  (void)state;
+  vmm_arena *a = process_arena(0, VMM_RETAIN_AUTO);
+  fake_set_event_lag(1000);
+  char *x = tu_alloc(a, 512, T, S1);
+  tu_use(x, S2);
+  assert_int_equal(vmm_arena_record_stream(a, x, S2), VMM_OK);
+  tu_free(a, x, S1);
+  assert_int_equal(usage(a).page_slots_used, 1); /* waits for S2 */
+  fake_fail_nth(VMM_DRV_stream_synchronize, 1, CUDA_ERROR_UNKNOWN, 1);
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_ERR_DRIVER);
+  assert_non_null(strstr(vmm_arena_last_error(a), "which used a slot of the page"));
+  assert_int_equal(usage(a).page_slots_used, 1);
+  fake_clear_faults();
+  size_t from = fake_call_count();
+  assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
+  assert_true(tu_first_call(from, VMM_DRV_stream_synchronize) != SIZE_MAX);
+  vmm_usage u = usage(a);
+  assert_int_equal(u.pages, 0);
+  assert_int_equal(u.reserved_bytes, 0);
+  tu_destroy(a);
+}
+
 /* A slot that two other streams used is given back only once the page's stream is ordered
  * after both: while one of them captures (no event can be recorded on it), the slot stays
  * taken, even though the other's event has been waited for. */
@@ -2194,6 +2221,7 @@ int main(void) {
       cmocka_unit_test(refill_counts_the_request_as_live),
       cmocka_unit_test(record_stream_orders_reuse_of_a_mapping),
       cmocka_unit_test(record_stream_orders_reuse_of_a_slot),
+      cmocka_unit_test(empty_cache_waits_for_a_slots_other_stream),
       cmocka_unit_test(a_slot_used_by_two_streams_waits_for_both),
       cmocka_unit_test(record_stream_on_two_slots_of_a_page_keeps_both),
       cmocka_unit_test(a_pool_keeps_its_memory),
