@@ -379,7 +379,7 @@ VMM_INTERNAL void vmm_mapping_end_moving(vmm_arena *a, vmm_mapping *m);
  *   destroy           destroy only: everything unmapped and released, failures logged.
  * Two more take part of a record, which lives on: split_off (its first handles leave, the range
  * before them retires) and split_run (a run of its handles becomes a record of its own); and a
- * tail merged back (mapping.c, join) ends in the record it joins, range and handles moved. */
+ * tail merged back (mapping.c, merge) ends in the record it merges into, range and handles moved. */
 
 /* Unmaps m whole. Record before unmap: on failure nothing changes and the error is recorded. */
 VMM_INTERNAL vmm_status vmm_mapping_unmap(vmm_arena *a, vmm_mapping *m, const char *what);

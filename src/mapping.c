@@ -113,7 +113,7 @@ int vmm_mapping_add_use(vmm_mapping *m, CUstream stream) {
 
 /* Whether pooled-to-be m and pooled t, next to each other, may be one mapping: freed on
  * `stream`, used by no other stream, of the same kind, pool, scope and reservation. */
-static bool joinable(const vmm_mapping *m, const vmm_mapping *t, CUstream stream) {
+static bool mergeable(const vmm_mapping *m, const vmm_mapping *t, CUstream stream) {
   return t->state == VMM_MAP_POOLED && !t->chosen && !m->page && !t->page && t->kind == m->kind &&
          t->graph_pool == m->graph_pool && t->scope_id == m->scope_id && t->reservation == m->reservation && t->stream == stream &&
          !t->use_count;
@@ -121,7 +121,7 @@ static bool joinable(const vmm_mapping *m, const vmm_mapping *t, CUstream stream
 
 /* Pooled t, right after m and out of the pool, becomes part of m; its record goes. False
  * where the host has no memory for the handles: nothing changed. */
-static bool join(vmm_arena *a, vmm_mapping *m, vmm_mapping *t) {
+static bool merge(vmm_arena *a, vmm_mapping *m, vmm_mapping *t) {
   vmm_handle **hs = malloc((m->handle_count + t->handle_count) * sizeof *hs);
   if (!hs) return false;
   memcpy(hs, m->handles, m->handle_count * sizeof *hs);
@@ -142,23 +142,23 @@ static bool join(vmm_arena *a, vmm_mapping *m, vmm_mapping *t) {
 }
 
 /* In whole-process mode a mapping being pooled on `stream` takes back the tail an in-place hit
- * split off it, if that one is pooled and joinable: the two are one mapping again. No driver
+ * split off it, if that one is pooled and mergeable: the two are one mapping again. No driver
  * call. */
 static void absorb_tail(vmm_arena *a, vmm_mapping *m, CUstream stream) {
   vmm_mapping *t = vmm_table_find(&a->table, m->base + m->extent);
-  if (!t || !vmm_mapping_tail(t) || !joinable(m, t, stream)) return;
+  if (!t || !vmm_mapping_tail(t) || !mergeable(m, t, stream)) return;
   vmm_store_pool_remove(&a->store.pool, t);
-  if (!join(a, m, t)) (void)vmm_store_pool_push(&a->store.pool, t); /* its bucket went to the spare list */
+  if (!merge(a, m, t)) (void)vmm_store_pool_push(&a->store.pool, t); /* its bucket went to the spare list */
 }
 
-/* The same the other way: a tail being pooled joins the pooled mapping it was split off after,
+/* The same the other way: a tail being pooled merges into the pooled mapping it was split off after,
  * if that one still ends where the tail begins. Returns the mapping to pool (m, or the one it
- * joined, out of the pool). A spare bucket must be reserved. */
-static vmm_mapping *join_before(vmm_arena *a, vmm_mapping *m, CUstream stream) {
+ * merged into, out of the pool). A spare bucket must be reserved. */
+static vmm_mapping *merge_into_before(vmm_arena *a, vmm_mapping *m, CUstream stream) {
   vmm_mapping *h = vmm_mapping_tail(m) ? vmm_table_find(&a->table, m->before) : NULL;
-  if (!h || h->base + h->extent != m->base || m->use_count || !joinable(m, h, stream)) return m;
+  if (!h || h->base + h->extent != m->base || m->use_count || !mergeable(m, h, stream)) return m;
   vmm_store_pool_remove(&a->store.pool, h);
-  if (join(a, h, m)) return h;
+  if (merge(a, h, m)) return h;
   (void)vmm_store_pool_push(&a->store.pool, h); /* its bucket went to the spare list */
   return m;
 }
@@ -166,7 +166,7 @@ static vmm_mapping *join_before(vmm_arena *a, vmm_mapping *m, CUstream stream) {
 int vmm_mapping_pool(vmm_arena *a, vmm_mapping *m, CUstream stream) {
   bool merges = vmm_policy_of(a)->splits_in_place;
   if (merges) absorb_tail(a, m, stream);
-  if (merges && vmm_store_pool_reserve(&a->store.pool, 1) == 0) m = join_before(a, m, stream);
+  if (merges && vmm_store_pool_reserve(&a->store.pool, 1) == 0) m = merge_into_before(a, m, stream);
   CUstream old_stream = m->stream;
   uint64_t old_epoch = m->free_epoch;
   m->stream = stream;
