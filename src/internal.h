@@ -730,6 +730,9 @@ VMM_INTERNAL CUevent vmm_order_event_get(vmm_arena *a);
 VMM_INTERNAL void vmm_order_event_put(vmm_arena *a, CUevent e);
 /* Records e on `stream` (not capturing): true on success. */
 VMM_INTERNAL bool vmm_order_event_record(vmm_arena *a, CUevent e, CUstream stream);
+/* A slot wait's event: where *e is NULL and `s` does not capture, one recorded on `s` now; *e
+ * stays NULL where it captures or the record fails (recorded as the arena's error). */
+VMM_INTERNAL void vmm_order_slot_event(vmm_arena *a, CUevent *e, CUstream s);
 /* Whether e is known complete (cuEventQuery answered success). */
 VMM_INTERNAL bool vmm_order_event_complete(vmm_arena *a, CUevent e);
 /* Makes `stream` wait for e: true on success. */

@@ -233,10 +233,7 @@ static size_t make_waits(vmm_arena *a, vmm_page *pg, uint32_t slot) {
       continue;
     }
     *link = w->next;
-    if (!vmm_order_capturing(a, w->stream) && (w->event = vmm_order_event_get(a)) && !vmm_order_event_record(a, w->event, w->stream)) {
-      vmm_order_event_put(a, w->event);
-      w->event = NULL;
-    }
+    vmm_order_slot_event(a, &w->event, w->stream); /* none yet: made with the use */
     vmm_join_record(a, &w->join, pg->set->key.graph_pool, w->stream, NULL, 0); /* during a capture: its free markers */
     w->next = pg->set->waits;
     pg->set->waits = w;
@@ -258,10 +255,7 @@ static vmm_status sync_waits(vmm_arena *a, vmm_page_set *s) {
   CUstream last = NULL;
   for (vmm_slot_wait *w = s->waits; w; w = w->next) {
     if (vmm_order_capturing(a, w->stream)) continue;
-    if (!w->event && (w->event = vmm_order_event_get(a)) && !vmm_order_event_record(a, w->event, w->stream)) {
-      vmm_order_event_put(a, w->event);
-      w->event = NULL;
-    }
+    vmm_order_slot_event(a, &w->event, w->stream);
     if (w->stream == last) continue;
     CUresult r = VMM_DRV(a, stream_synchronize, w->stream);
     if (r != CUDA_SUCCESS)

@@ -95,10 +95,7 @@ static bool slot_event_over(vmm_reuse_ctx *c, const vmm_free_work *w) {
   vmm_arena *a = c->a;
   CUevent *e = w->event;
   if (c->by_event && ctx_capturing(c)) return false;
-  if (!*e && !vmm_order_capturing(a, w->stream) && (*e = vmm_order_event_get(a)) && !vmm_order_event_record(a, *e, w->stream)) {
-    vmm_order_event_put(a, *e);
-    *e = NULL;
-  }
+  vmm_order_slot_event(a, e, w->stream);
   return *e && (c->by_event ? vmm_order_wait_event(a, c->stream, *e) : vmm_order_event_complete(a, *e));
 }
 
@@ -240,6 +237,12 @@ bool vmm_order_event_record(vmm_arena *a, CUevent e, CUstream stream) {
   vmm_errors_fail_driver(a, r, VMM_DRV_event_record, "recording an event on stream %p after a slot it used was freed",
                   (void *)stream);
   return false;
+}
+
+void vmm_order_slot_event(vmm_arena *a, CUevent *e, CUstream s) {
+  if (*e || vmm_order_capturing(a, s) || !(*e = vmm_order_event_get(a)) || vmm_order_event_record(a, *e, s)) return;
+  vmm_order_event_put(a, *e);
+  *e = NULL;
 }
 
 bool vmm_order_event_complete(vmm_arena *a, CUevent e) {
