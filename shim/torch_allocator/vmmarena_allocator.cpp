@@ -574,22 +574,36 @@ class Allocator final : public cca::CUDAAllocator {
     }
   }
 
+  // The segments and blocks of `device` (one pool, unless mempool_id is (0, 0)), by address,
+  // the arrays grown until they hold them all; false (with `why`) where the shim refuses.
+  bool fetch_segments(int device, MempoolId_t mempool_id, std::vector<vmm_torch_segment>* segs,
+                      std::vector<vmm_torch_block>* blocks, char (&why)[kMessageCap]) {
+    segs->resize(64);
+    blocks->resize(256);
+    for (int attempt = 0;; attempt++) {
+      size_t n_seg = 0, n_block = 0;
+      if (vmm_torch_native_segments(device, mempool_id.first, mempool_id.second, segs->data(), segs->size(), &n_seg,
+                                    blocks->data(), blocks->size(), &n_block, why, sizeof why) != kVmmOk)
+        return false;
+      if (n_seg <= segs->size() && n_block <= blocks->size()) {
+        segs->resize(n_seg);
+        blocks->resize(n_block);
+        return true;
+      }
+      if (attempt == 7) return true;  // still growing after 8 tries: the arrays as the last call filled them
+      segs->resize(n_seg + 64);
+      blocks->resize(n_block + 256);
+    }
+  }
+
   // The (address, extent) of each mapping of `device`, sorted by address.
   std::vector<std::pair<uintptr_t, size_t>> segment_extents(int device) {
-    std::vector<vmm_torch_segment> segs(64);
-    std::vector<vmm_torch_block> blocks(256);
-    size_t n_seg = 0, n_block = 0;
+    std::vector<vmm_torch_segment> segs;
+    std::vector<vmm_torch_block> blocks;
     char why[kMessageCap];
-    for (int attempt = 0; attempt < 8; attempt++) {
-      if (vmm_torch_native_segments(device, 0, 0, segs.data(), segs.size(), &n_seg, blocks.data(), blocks.size(),
-                                    &n_block, why, sizeof why) != kVmmOk)
-        return {};
-      if (n_seg <= segs.size() && n_block <= blocks.size()) break;
-      segs.resize(n_seg + 64);
-      blocks.resize(n_block + 256);
-    }
     std::vector<std::pair<uintptr_t, size_t>> out;
-    for (size_t i = 0; i < n_seg && i < segs.size(); i++) out.emplace_back(segs[i].address, segs[i].size);
+    if (!fetch_segments(device, MempoolId_t{0, 0}, &segs, &blocks, why)) return out;
+    for (const vmm_torch_segment& seg : segs) out.emplace_back(seg.address, seg.size);
     return out;
   }
 
@@ -650,19 +664,12 @@ class Allocator final : public cca::CUDAAllocator {
 
   // The segments of `device` (of one pool, unless mempool_id is (0, 0)) for snapshot().
   void add_segments(int device, MempoolId_t mempool_id, std::vector<cca::SegmentInfo>* out) {
-    std::vector<vmm_torch_segment> segs(64);
-    std::vector<vmm_torch_block> blocks(256);
-    size_t n_seg = 0, n_block = 0;
+    std::vector<vmm_torch_segment> segs;
+    std::vector<vmm_torch_block> blocks;
     char why[kMessageCap];
-    for (int attempt = 0; attempt < 8; attempt++) {
-      int status = vmm_torch_native_segments(device, mempool_id.first, mempool_id.second, segs.data(), segs.size(),
-                                             &n_seg, blocks.data(), blocks.size(), &n_block, why, sizeof why);
-      TORCH_CHECK(status == kVmmOk, text("vmmarena: snapshot of device %d: %s", device, why));
-      if (n_seg <= segs.size() && n_block <= blocks.size()) break;
-      segs.resize(n_seg + 64);
-      blocks.resize(n_block + 256);
-      n_seg = n_block = 0;
-    }
+    TORCH_CHECK(fetch_segments(device, mempool_id, &segs, &blocks, why),
+                text("vmmarena: snapshot of device %d: %s", device, why));
+    const size_t n_seg = segs.size(), n_block = blocks.size();
     std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts;
     if (history_.enabled.load()) {
       std::lock_guard<std::mutex> hold(history_.lock);
