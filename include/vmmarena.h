@@ -249,9 +249,10 @@ VMM_API vmm_status vmm_arena_device_memory(vmm_arena *arena, size_t *free_bytes,
  *     limit, the headroom or the driver): then the cache outside a scope is released and the
  *     request tried once more. Inside a scope nothing is released before finish.
  * Stream order is kept without a host wait on the allocation path: memory freed on a stream
- * is reused at once on it, and on another only once the free's work is known complete (an
- * event queried) or that stream waits for an event recorded after the free (the work of every
- * stream vmm_arena_record_stream added included). */
+ * is reused at once on it, and on another only once the program ordered that stream after the
+ * free (vmm_arena_stream_waited), the free's work is known complete (an event queried), or
+ * that stream waits for an event recorded after the free (the work of every stream
+ * vmm_arena_record_stream added included). */
 
 /* A pool of memory kept apart from the others: PyTorch's private pool of a CUDA graph. Memory
  * allocated into a pool and freed is reused only by allocations into the same pool until the
@@ -274,6 +275,22 @@ VMM_API vmm_status vmm_arena_alloc_in(vmm_arena *arena, size_t bytes, vmm_kind k
  *   VMM_ERR_UNKNOWN_POINTER   ptr is not a live or paused allocation; nothing changes;
  *   VMM_ERR_OUT_OF_MEMORY     no host memory to remember the stream; nothing changes. */
 VMM_API vmm_status vmm_arena_record_stream(vmm_arena *arena, void *ptr, CUstream stream);
+
+/* The program's own stream order, so that memory freed on one stream serves another that the
+ * program made wait for it, with no event of the arena's and before the free is complete
+ * (PyTorch's Stream.wait_stream: an event recorded on the source, waited for by the waiter).
+ * vmm_arena_stream_mark, called just before the program records its event on `stream`, gives
+ * the mark that event stands for: every free whose work was queued on `stream` by then (its
+ * own free, or a record_stream use) lies at or before it; 0 while `stream` captures. */
+VMM_API vmm_status vmm_arena_stream_mark(vmm_arena *arena, CUstream stream, uint64_t *mark);
+/* The program made `waiter` wait for the event it recorded on `source` at `mark`: from now on
+ * memory freed with work on `source` at or before the mark serves requests on `waiter` (not
+ * while it captures) with no further order. Nothing is learned for mark 0, waiter == source,
+ * or a capturing waiter. Remembers the latest marks of 8 waiters per source stream. A waiter
+ * must not be a stream destroyed and made again since the mark (its handle would be reused).
+ *   VMM_ERR_INVALID_ARGUMENT  arena NULL, or a mark past the arena's (from another arena, say);
+ *                             nothing learned. */
+VMM_API vmm_status vmm_arena_stream_waited(vmm_arena *arena, CUstream waiter, CUstream source, uint64_t mark);
 
 /* The bytes the live (or paused) allocation at `ptr` holds: its mapping's extent, or its slot's
  * size for a slot of a page (PyTorch's block size, in the native allocator's statistics).

@@ -326,6 +326,21 @@ int vmm_torch_record_stream(void *ptr, CUstream stream, char *msg, size_t cap) {
   return VMM_ERR_UNKNOWN_POINTER;
 }
 
+uint64_t vmm_torch_stream_mark(int device, CUstream stream) {
+  uint64_t mark = 0;
+  vmm_arena *a = device_valid(device) ? __atomic_load_n(&arenas[device], __ATOMIC_ACQUIRE) : NULL;
+  if (a) (void)vmm_arena_stream_mark(a, stream, &mark);
+  return mark;
+}
+
+int vmm_torch_stream_waited(int device, CUstream waiter, CUstream source, uint64_t mark) {
+  if (!device_valid(device)) return VMM_ERR_INVALID_ARGUMENT;
+  vmm_arena *a = __atomic_load_n(&arenas[device], __ATOMIC_ACQUIRE);
+  if (!a || !mark) return VMM_OK;
+  vmm_status st = vmm_arena_stream_waited(a, waiter, source, mark);
+  return st == VMM_OK ? VMM_OK : keep_arena_error(device, a, st);
+}
+
 int vmm_torch_allocation_size(void *ptr, int device, size_t *bytes) {
   if (!device_valid(device) || !bytes) return VMM_ERR_INVALID_ARGUMENT;
   vmm_arena *a = __atomic_load_n(&arenas[device], __ATOMIC_ACQUIRE);

@@ -110,6 +110,12 @@ VMM_TORCH_API int vmm_torch_process_free(void *ptr, int device, CUstream stream,
  * device order). NULL is a no-op. VMM_ERR_UNKNOWN_POINTER when no arena holds it; the message
  * goes to msg. */
 VMM_TORCH_API int vmm_torch_record_stream(void *ptr, CUstream stream, char *msg, size_t cap);
+/* vmm_arena_stream_mark of `device`'s arena: 0 where the device has no arena yet (or the
+ * device is invalid, or the stream captures). */
+VMM_TORCH_API uint64_t vmm_torch_stream_mark(int device, CUstream stream);
+/* vmm_arena_stream_waited of `device`'s arena; VMM_OK with nothing learned for mark 0 or a
+ * device with no arena. A failure's message goes to vmm_torch_last_error. */
+VMM_TORCH_API int vmm_torch_stream_waited(int device, CUstream waiter, CUstream source, uint64_t mark);
 /* The bytes the live allocation at ptr on `device` holds (vmm_arena_allocation_size). */
 VMM_TORCH_API int vmm_torch_allocation_size(void *ptr, int device, size_t *bytes);
 /* vmm_arena_capture_begin / vmm_arena_capture_end of `device`'s arena: a capture into `pool`

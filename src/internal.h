@@ -575,6 +575,7 @@ typedef struct vmm_slot_wait {
   uint32_t slot;
   CUstream stream;             /* the other stream */
   CUevent event;               /* recorded on it after the free; NULL before (or while it captured) */
+  uint64_t seq;                /* the free's number in a->free_seq (0 while still a use) */
   struct vmm_slot_wait *next;
   vmm_join join;               /* its free markers, where the slot was freed during a capture */
 } vmm_slot_wait;
@@ -640,14 +641,21 @@ VMM_INTERNAL int vmm_pages_check(const vmm_arena *a, const vmm_mapping *m, uint6
 
 /* ---- Stream order (stream_order.c) --------------------------------------------------- */
 
-/* One event per stream that freed pooled memory: recorded when a free of it is asked about,
- * queried when one is asked about again. A pooled free numbered at most `recorded` is
- * complete once the event is; `completed` remembers the highest such number. */
+/* What is known of a stream's frees (one per stream that freed pooled memory or was marked):
+ * an event recorded when a free of it is asked about, queried when one is asked about again
+ * (a free numbered at most `recorded` is complete once the event is; `completed` remembers the
+ * highest such number); and the streams the program made wait for it (vmm_arena_stream_waited:
+ * its frees numbered at most `mark` are ordered before their later work). */
+#define VMM_FENCE_WAITERS 8
 typedef struct vmm_fence {
   CUstream stream;
   CUevent event;      /* NULL until the first record */
   uint64_t recorded;  /* free_seq when the pending event was recorded; 0 if none is pending */
   uint64_t completed; /* every pooled free of the stream numbered at most this is complete */
+  struct {
+    CUstream stream;
+    uint64_t mark; /* 0: the entry is unused */
+  } waiters[VMM_FENCE_WAITERS]; /* when full, the lowest mark makes room */
 } vmm_fence;
 
 /* The work that may still use freed memory: what was queued on `stream` and on `uses` when
@@ -689,7 +697,9 @@ VMM_INTERNAL vmm_reuse_ctx vmm_order_reuse_anywhere(vmm_arena *a);
  *  2. joined inside a capture: `markers` (the free markers, capture_join.c) are all reached
  *     from c->stream's capture dependencies (vmm_join_reached; ignored where c->anywhere);
  *  then, for each stream of the work (the freeing stream, each record_stream use):
- *  3. same stream: it is c->stream (never where c->anywhere): stream order suffices;
+ *  3. ordered by the program (never where c->anywhere): it is c->stream, or, c->stream not
+ *     capturing, the program made c->stream wait for it at a mark taken after the free
+ *     (vmm_arena_stream_waited);
  *  4. known complete, queried with no host wait: where !c->by_event, a fence event recorded on
  *     it after the free has completed (cuEventQuery; recorded here where none is pending);
  *     a slot wait's own event (w->event) instead of the fence;
@@ -971,7 +981,7 @@ struct vmm_arena {
   CUevent *spare_events;       /* events kept for slot waits and fences (stream_order.c) */
   vmm_fence *fences;           /* one per stream that freed pooled memory (stream_order.c) */
   size_t fence_count, fence_cap;
-  uint64_t free_seq;           /* pooled frees so far: the order fences are measured in */
+  uint64_t free_seq;           /* pooled frees and slot waits so far: the order of fences and marks */
   size_t spare_event_count, spare_event_cap;
   bool destroying;             /* vmm_arena_destroy is running: failures are logged, not kept */
 

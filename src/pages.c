@@ -136,7 +136,7 @@ static size_t release_waits(vmm_arena *a, vmm_page_set *s, bool by_event) {
   vmm_reuse_ctx c = {a, s->key.stream, by_event ? vmm_order_capturing(a, s->key.stream) : -1, by_event, false};
   for (vmm_slot_wait **link = &s->waits; *link;) {
     vmm_slot_wait *w = *link;
-    vmm_free_work work = {w->stream, NULL, 0, UINT64_MAX, 0, &w->event};
+    vmm_free_work work = {w->stream, NULL, 0, UINT64_MAX, w->seq, &w->event};
     if (!vmm_order_may_serve(&c, &work, &w->join)) {
       link = &w->next;
       continue;
@@ -217,7 +217,7 @@ int vmm_pages_add_use(vmm_page *pg, uint32_t slot, CUstream stream) {
     if (u->slot == slot && u->stream == stream) return 0;
   vmm_slot_wait *u = malloc(sizeof *u);
   if (!u) return -1;
-  *u = (vmm_slot_wait){pg, slot, stream, NULL, pg->uses};
+  *u = (vmm_slot_wait){pg, slot, stream, NULL, 0, pg->uses};
   pg->uses = u;
   return 0;
 }
@@ -233,6 +233,7 @@ static size_t make_waits(vmm_arena *a, vmm_page *pg, uint32_t slot) {
       continue;
     }
     *link = w->next;
+    w->seq = ++a->free_seq; /* the program's marks on w->stream after this cover it */
     vmm_order_slot_event(a, &w->event, w->stream); /* none yet: made with the use */
     vmm_join_record(a, &w->join, pg->set->key.graph_pool, w->stream, NULL, 0); /* during a capture: its free markers */
     w->next = pg->set->waits;

@@ -1,6 +1,8 @@
-/* Stream order: when freed memory may be used again. Reuse on the freeing stream is
- * immediate; another stream is ordered after the free by an event, and nothing is recorded on,
- * waited from or synchronized on a capturing stream. Inside a capture, a graph's memory is
+/* Stream order: when freed memory may be used again (vmm_order_may_serve). Reuse on the
+ * freeing stream is immediate; on another stream once the program ordered it after the free
+ * (its own waits, vmm_arena_stream_waited), the free is known complete (fences), or, where the
+ * policy allows, after an event; nothing is recorded on, waited from or synchronized on a
+ * capturing stream. Inside a capture, a graph's memory is
  * reused once the streams join (capture_join.c). Frees of shared memory on a capturing stream
  * are deferred until the capture is over. */
 #include <stdlib.h>
@@ -72,15 +74,30 @@ vmm_reuse_ctx vmm_order_reuse_anywhere(vmm_arena *a) { return (vmm_reuse_ctx){a,
 
 static bool stream_done(vmm_arena *a, CUstream s, uint64_t seq);
 
-/* Mechanisms 3 and 4 through the fences: each stream of w is c->stream or known complete.
- * Stops at the first that is neither, unless c->anywhere (then each fence is asked). */
+static vmm_fence *fence_find(vmm_arena *a, CUstream s);
+
+/* Mechanism 3: the work on `s` that freed number `seq` is before c->stream's next work in the
+ * program's own order: the same stream, or a wait the program made (vmm_arena_stream_waited)
+ * at a later mark, while c->stream does not capture (a graph replays outside that order). */
+static bool program_ordered(vmm_reuse_ctx *c, CUstream s, uint64_t seq) {
+  if (c->anywhere) return false;
+  if (s == c->stream) return true;
+  const vmm_fence *f = fence_find(c->a, s);
+  for (int i = 0; f && i < VMM_FENCE_WAITERS; i++)
+    if (f->waiters[i].mark && f->waiters[i].mark >= seq && f->waiters[i].stream == c->stream) return !ctx_capturing(c);
+  return false;
+}
+
+/* Mechanisms 3 and 4 through the fences: each stream of w is ordered before c->stream by the
+ * program or known complete. Stops at the first that is neither, unless c->anywhere (then each
+ * fence is asked). */
 static bool known_complete(vmm_reuse_ctx *c, const vmm_free_work *w) {
   vmm_arena *a = c->a;
   bool queryable = a->drv->version >= 3 && a->drv->event_query;
   bool done = true;
   for (int64_t i = -1; i < (int64_t)w->use_count; i++) {
     CUstream s = i < 0 ? w->stream : w->uses[i];
-    if (!c->anywhere && s == c->stream) continue; /* same stream */
+    if (program_ordered(c, s, w->seq)) continue;
     done = queryable && stream_done(a, s, w->seq) && done;
     if (!done && !c->anywhere) return false;
   }
@@ -102,11 +119,12 @@ static bool slot_event_over(vmm_reuse_ctx *c, const vmm_free_work *w) {
 bool vmm_order_may_serve(vmm_reuse_ctx *c, const vmm_free_work *w, const vmm_join *markers) {
   if (w->epoch < c->a->epoch) return true; /* 1: quiesced */
   if (!c->anywhere && markers && markers->capture && vmm_join_reached(c->a, markers, c->stream)) return true; /* 2 */
-  if (w->event) return slot_event_over(c, w);
+  if (w->event) return program_ordered(c, w->stream, w->seq) || slot_event_over(c, w); /* 3; 4 or 5 */
   if (!c->by_event) return known_complete(c, w); /* 3, 4 */
-  if (!order_after(c, w->stream)) return false; /* 3, 5 */
-  for (uint32_t i = 0; i < w->use_count; i++)
-    if (!order_after(c, w->uses[i])) return false;
+  for (int64_t i = -1; i < (int64_t)w->use_count; i++) { /* 3, 5 */
+    CUstream s = i < 0 ? w->stream : w->uses[i];
+    if (!program_ordered(c, s, w->seq) && !order_after(c, s)) return false;
+  }
   return true;
 }
 
@@ -187,13 +205,20 @@ void vmm_order_capture_restore(vmm_arena *a, bool relaxed, CUstreamCaptureMode s
 
 /* ---- Fences: frees known complete without a host wait ----------------------------------- */
 
-static vmm_fence *fence_of(vmm_arena *a, CUstream s) {
+static vmm_fence *fence_find(vmm_arena *a, CUstream s) {
   for (size_t i = 0; i < a->fence_count; i++)
     if (a->fences[i].stream == s) return &a->fences[i];
+  return NULL;
+}
+
+/* The fence of `s`, made where it has none; NULL when the host is out of memory. */
+static vmm_fence *fence_of(vmm_arena *a, CUstream s) {
+  vmm_fence *f = fence_find(a, s);
+  if (f) return f;
   vmm_fence *room = vmm_array_room(a->fences, a->fence_count, &a->fence_cap, sizeof *room);
   if (!room) return NULL;
   a->fences = room;
-  a->fences[a->fence_count] = (vmm_fence){s, NULL, 0, 0};
+  a->fences[a->fence_count] = (vmm_fence){.stream = s};
   return &a->fences[a->fence_count++];
 }
 
@@ -208,6 +233,48 @@ static bool stream_done(vmm_arena *a, CUstream s, uint64_t seq) {
     f->recorded = a->free_seq;
   if (f->recorded && VMM_DRV(a, event_query, f->event) == CUDA_SUCCESS) f->completed = f->recorded, f->recorded = 0;
   return f->completed >= seq;
+}
+
+/* ---- The program's own order (vmm_arena_stream_mark, vmm_arena_stream_waited) -------------- */
+
+vmm_status vmm_arena_stream_mark(vmm_arena *a, CUstream stream, uint64_t *mark) {
+  if (!a || !mark) return VMM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&a->lock);
+  *mark = vmm_order_capturing(a, stream) ? 0 : a->free_seq;
+  pthread_mutex_unlock(&a->lock);
+  return VMM_OK;
+}
+
+/* Keeps the highest mark per waiter; a new waiter takes an unused entry or the lowest mark's. */
+static void learn_wait(vmm_fence *f, CUstream waiter, uint64_t mark) {
+  int room = 0;
+  for (int i = 0; i < VMM_FENCE_WAITERS; i++) {
+    if (f->waiters[i].mark && f->waiters[i].stream == waiter) {
+      if (f->waiters[i].mark < mark) f->waiters[i].mark = mark;
+      return;
+    }
+    if (f->waiters[i].mark < f->waiters[room].mark) room = i;
+  }
+  f->waiters[room].stream = waiter;
+  f->waiters[room].mark = mark;
+}
+
+vmm_status vmm_arena_stream_waited(vmm_arena *a, CUstream waiter, CUstream source, uint64_t mark) {
+  if (!a) return VMM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&a->lock);
+  vmm_status st = VMM_OK;
+  if (mark > a->free_seq)
+    st = vmm_errors_fail(a, VMM_ERR_INVALID_ARGUMENT,
+                         "stream_waited(stream %p after %p): mark %llu is past the %llu frees of device %d so far; "
+                         "nothing learned",
+                         (void *)waiter, (void *)source, (unsigned long long)mark, (unsigned long long)a->free_seq,
+                         a->cfg.device);
+  else if (mark && waiter != source && !vmm_order_capturing(a, waiter)) {
+    vmm_fence *f = fence_of(a, source); /* none (host out of memory): nothing learned, which is safe */
+    if (f) learn_wait(f, waiter, mark);
+  }
+  pthread_mutex_unlock(&a->lock);
+  return st;
 }
 
 /* ---- Events of slot waits ------------------------------------------------------------- */

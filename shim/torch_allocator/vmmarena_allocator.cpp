@@ -35,6 +35,7 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -99,6 +100,10 @@ struct History {
   std::vector<std::vector<TraceEntry>> traces;  // per device
   std::vector<size_t> next;                     // the oldest entry once a ring is full
   std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts;
+  // Per device: address -> (order, bytes requested) of the allocations freed while recording;
+  // PyTorch's inactive block keeps the requested_size of the last allocation freed into it.
+  std::vector<std::map<uintptr_t, std::pair<uint64_t, size_t>>> freed;
+  uint64_t freed_order = 0;
   std::string user_metadata;  // torch.cuda.memory._set_memory_metadata: on every entry from then on
 };
 
@@ -399,7 +404,10 @@ class Allocator final : public cca::CUDAAllocator {
       history_.traces.clear();
       history_.next.clear();
     }
-    if (!enabled) history_.contexts.clear();
+    if (!enabled) {
+      history_.contexts.clear();
+      history_.freed.clear();
+    }
     history_.enabled.store(enabled);  // with context NEVER the entries are kept, without frames (as PyTorch)
   }
 
@@ -511,15 +519,23 @@ class Allocator final : public cca::CUDAAllocator {
   void* allocate_on(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
     if (size == 0) return nullptr;
     std::shared_ptr<c10::GatheredContext> context = gather(cca::RecordContext::STATE);
+    // PyTorch traces a segment_alloc, with this request's context, when the request made it
+    // cudaMalloc (DeviceCachingAllocator::alloc_block): the arena's mappings before and after.
+    vmm_torch_device_stats before{};
+    const bool counted = history_.enabled.load() && vmm_torch_native_stats(device, &before) == kVmmOk;
     void* ptr = nullptr;
     char why[kMessageCap];
     int status = size >= kOneExaByte ? -1 : vmm_torch_native_alloc(size, device, stream, &ptr, why, sizeof why);
     if (status != kVmmOk) out_of_memory(size, device, stream, status, why);
     if (history_.enabled.load()) {
+      const std::pair<uintptr_t, size_t> created = counted ? segment_created(device, ptr, before) : std::pair<uintptr_t, size_t>{0, 0};
       std::lock_guard<std::mutex> hold(history_.lock);
+      std::shared_ptr<c10::GatheredContext> traced = history_.when >= cca::RecordContext::ALLOC ? context : nullptr;
       if (history_.when >= cca::RecordContext::STATE && context) history_.contexts[ptr] = context;
-      trace(TraceEntry::ALLOC, device, reinterpret_cast<size_t>(ptr), size, stream,
-            history_.when >= cca::RecordContext::ALLOC ? context : nullptr);
+      if (static_cast<size_t>(device) < history_.freed.size()) history_.freed[device].erase(reinterpret_cast<uintptr_t>(ptr));
+      if (created.second)
+        trace(TraceEntry::SEGMENT_ALLOC, device, created.first, created.second, stream, traced);
+      trace(TraceEntry::ALLOC, device, reinterpret_cast<size_t>(ptr), size, stream, std::move(traced));
     }
     return ptr;
   }
@@ -535,7 +551,15 @@ class Allocator final : public cca::CUDAAllocator {
     int status = vmm_torch_native_free(ptr, &device, why, sizeof why);
     if (history && status == kVmmOk && device >= 0) {
       std::lock_guard<std::mutex> hold(history_.lock);
-      history_.contexts.erase(ptr);
+      auto known = history_.contexts.find(ptr);
+      if (known != history_.contexts.end()) {
+        // PyTorch: the free's context, else the block's context_when_allocated (record_trace
+        // keeps it where the history records ALLOC or more).
+        if (!context && history_.when >= cca::RecordContext::ALLOC) context = known->second;
+        history_.contexts.erase(known);
+      }
+      if (history_.freed.size() <= static_cast<size_t>(device)) history_.freed.resize(device + 1);
+      history_.freed[device][reinterpret_cast<uintptr_t>(ptr)] = {++history_.freed_order, size};
       trace(TraceEntry::FREE_REQUESTED, device, reinterpret_cast<size_t>(ptr), size, nullptr, context);
       trace(TraceEntry::FREE_COMPLETED, device, reinterpret_cast<size_t>(ptr), size, nullptr, context);
     }
@@ -553,6 +577,20 @@ class Allocator final : public cca::CUDAAllocator {
       recorder = history_.recorder;
     }
     return recorder ? recorder() : nullptr;
+  }
+
+  // The mapping holding `ptr` when the arena made one during this request (its count of
+  // mappings, cuMemCreate calls or cache releases moved since `before`), else {0, 0}.
+  std::pair<uintptr_t, size_t> segment_created(int device, void* ptr, const vmm_torch_device_stats& before) {
+    vmm_torch_device_stats after{};
+    if (vmm_torch_native_stats(device, &after) != kVmmOk) return {0, 0};
+    if (after.segment[0].current <= before.segment[0].current && after.num_device_alloc == before.num_device_alloc &&
+        after.num_alloc_retries == before.num_alloc_retries)
+      return {0, 0};
+    const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+    for (const auto& seg : segment_extents(device))
+      if (seg.first <= p && p < seg.first + seg.second) return seg;
+    return {0, 0};
   }
 
   // Appends an entry to the device's ring (caller holds history_.lock).
@@ -671,9 +709,11 @@ class Allocator final : public cca::CUDAAllocator {
                 text("vmmarena: snapshot of device %d: %s", device, why));
     const size_t n_seg = segs.size(), n_block = blocks.size();
     std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts;
+    std::map<uintptr_t, std::pair<uint64_t, size_t>> freed;
     if (history_.enabled.load()) {
       std::lock_guard<std::mutex> hold(history_.lock);
       contexts = history_.contexts;
+      if (static_cast<size_t>(device) < history_.freed.size()) freed = history_.freed[device];
     }
     for (size_t i = 0; i < n_seg && i < segs.size(); i++) {
       const vmm_torch_segment& seg = segs[i];
@@ -694,6 +734,14 @@ class Allocator final : public cca::CUDAAllocator {
         bi.active = block.state != 0;
         auto ctx = contexts.find(reinterpret_cast<void*>(block.address));
         if (block.state == 1 && ctx != contexts.end()) bi.context_when_allocated = ctx->second;
+        if (block.state == 0) {  // free room: the request last freed into it, as PyTorch's inactive block
+          uint64_t last = 0;
+          for (auto f = freed.lower_bound(block.address); f != freed.end() && f->first < block.address + block.size; ++f)
+            if (f->second.first > last) {
+              last = f->second.first;
+              bi.requested_size = f->second.second;
+            }
+        }
         if (bi.allocated) {
           info.allocated_size += block.size;
           info.requested_size += block.requested;

@@ -430,6 +430,37 @@ def test_record_stream_leaves_the_other_streams_work_unwaited():
     del z
 
 
+def test_a_wait_stream_lets_the_side_stream_reuse_pending_frees():
+    """Freed on the current stream while a kernel still sleeps there, a tensor's memory serves the
+    side stream at once after side.wait_stream(current) (the program's own order), with no new
+    memory and no stream wait of vmmarena's; without that wait, it does not."""
+    n = 32 * MiB
+    current, side, other = torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Stream()
+    cycles = spin_cycles(1000)  # about a second
+    load_kernels(side, other, current)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(cycles)
+    x = torch.ones(n, dtype=torch.uint8, device="cuda")
+    x_ptr = x.data_ptr()
+    del x  # freed on the current stream, its work still queued behind the sleep
+    with torch.cuda.stream(other):  # not ordered after the free: other memory
+        y = torch.empty(n, dtype=torch.uint8, device="cuda")
+    check(y.data_ptr() != x_ptr, "a pending free served a stream the program never ordered after it")
+    before, waits = usage(), stream_waits()
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        z = torch.empty(n, dtype=torch.uint8, device="cuda")
+        z.fill_(3)
+    check(not current.query(), "the current stream finished before the request: nothing to test")
+    check(z.data_ptr() == x_ptr, f"the side stream, after wait_stream, got 0x{z.data_ptr():x}, not the freed 0x{x_ptr:x}")
+    check(usage().reserved_bytes == before.reserved_bytes, "new memory for a request the pending free could serve")
+    check(stream_waits() == waits, "vmmarena made a stream wait where the program had ordered it already")
+    torch.cuda.synchronize()
+    check(int(z.sum().item()) == 3 * n, "the side stream's data is wrong")
+    print("  the side stream reused the pending free after wait_stream, no new memory, no wait added")
+    del y, z
+
+
 def _fd_count():
     return len(os.listdir("/proc/self/fd"))
 
@@ -593,6 +624,7 @@ TESTS = [
     test_out_of_memory_observers_are_called,
     test_mempool_memory_is_kept_apart,
     test_record_stream_leaves_the_other_streams_work_unwaited,
+    test_a_wait_stream_lets_the_side_stream_reuse_pending_frees,
     test_a_tensor_is_shared_with_a_child_process_under_vmmarena,
     test_thousands_of_shares_leave_the_descriptor_count,
     test_a_forged_or_stale_handle_is_refused_clearly,

@@ -18,6 +18,7 @@ def load():
     fake.fake_set_capturing.argtypes = [ctypes.c_void_p, ctypes.c_int]
     fake.fake_set_event_lag.argtypes = [ctypes.c_uint64]
     fake.fake_advance_clock.argtypes = [ctypes.c_uint64]
+    fake.fake_program_wait.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     return fake
 
 

@@ -730,9 +730,25 @@ class FakeTorch:
             def __exit__(self, *exc):
                 return False
 
+        class Stream:  # a stream PyTorch made: its handle and device
+            def __init__(self, handle):
+                self.cuda_stream, self.device = handle.value, types.SimpleNamespace(index=0)
+
+        class ExternalStream(Stream):
+            pass
+
+        class Event:  # the program's event: the fake's timeline hears its wait
+            def record(self, stream=None):
+                self.recorded_on = (stream or torch.cuda.current_stream()).cuda_stream
+
+            def wait(self, stream=None):
+                waiter = (stream or torch.cuda.current_stream()).cuda_stream
+                fake.fake_program_wait(ctypes.c_void_p(waiter), ctypes.c_void_p(self.recorded_on))
+
         self.cuda = types.SimpleNamespace(
             is_initialized=lambda: torch.initialized, MemPool=object, use_mem_pool=object, graph=Graph,
-            synchronize=lambda: None, empty_cache=empty_cache,
+            synchronize=lambda: None, empty_cache=empty_cache, Stream=Stream, ExternalStream=ExternalStream,
+            Event=Event, current_stream=lambda: Stream(A),
             memory=types.SimpleNamespace(CUDAPluggableAllocator=PluggableAllocator, change_current_allocator=change))
         self._C = types.SimpleNamespace(_cuda_memoryStats=None, _cuda_resetPeakMemoryStats=None,
                                         _cuda_resetAccumulatedMemoryStats=None, _cuda_getMemoryFraction=None,
@@ -791,6 +807,33 @@ class Install(Base):
         with self.assertRaises(vmmarena.VmmarenaError) as cm:
             vmmarena.use_as_default()
         self.assertIn("install() already made vmmarena PyTorch's allocator", str(cm.exception))
+
+    def test_the_programs_waits_order_reuse_across_streams(self):
+        shim.vmm_torch_set_driver_for_testing(None)
+        _lib.set_caching(False)
+        shim.vmm_torch_set_driver_for_testing(fake.fake_driver_reset(None))
+        vmmarena.install()
+        cuda = self.torch.cuda
+        fake.fake_set_event_lag(10)  # the device stays behind: A's frees are pending
+        fake.fake_advance_clock(1)
+        ptr = take(4 * MiB, stream=A)
+        free(ptr, stream=A)
+        self.assertNotEqual(take(8 * MiB, stream=B), ptr, "a pending free served another stream")
+        event = cuda.Event()  # the program's wait, as Stream.wait_stream makes it
+        event.record(cuda.Stream(A))
+        event.wait(cuda.Stream(B))
+        waits = calls("cuStreamWaitEvent")
+        self.assertEqual(take(4 * MiB, stream=B), ptr, "the program's wait did not order the reuse")
+        self.assertEqual(calls("cuStreamWaitEvent"), waits, "a stream was made to wait")
+        # An external stream is not heard: its handle may be made again.
+        other = take(2 * MiB, stream=A)
+        free(other, stream=A)
+        event.record(cuda.ExternalStream(A))
+        event.wait(cuda.Stream(B))
+        self.assertNotEqual(take(2 * MiB, stream=B), other)
+        self.assertTrue(cuda.Event.record._vmmarena_learns_order)
+        vmmarena.install()  # a second call wraps nothing twice
+        self.assertEqual(cuda.Event.record.__wrapped__.__name__, "record")
 
     def test_a_refused_registration_is_one_error_and_leaves_caching_off(self):
         shim.vmm_torch_set_driver_for_testing(None)

@@ -89,6 +89,8 @@ def _process_prototypes(handle):
     _prototype(handle, "vmm_torch_process_allocate", c_int, c_size, c_int, c_void, c_u64, ctypes.POINTER(c_void),
                c_buf, c_size)
     _prototype(handle, "vmm_torch_record_stream", c_int, c_void, c_void, c_buf, c_size)
+    _prototype(handle, "vmm_torch_stream_mark", c_u64, c_int, c_void)
+    _prototype(handle, "vmm_torch_stream_waited", c_int, c_int, c_void, c_void, c_u64)
     _prototype(handle, "vmm_torch_release_pool", c_int, c_int, c_u64)
     _prototype(handle, "vmm_torch_empty_cache", c_int, c_buf, c_size)
     _prototype(handle, "vmm_torch_usage", c_int, c_int, ctypes.POINTER(Usage))

@@ -22,7 +22,7 @@ import os
 import shutil
 import threading
 
-from . import _lib, _torch_stats
+from . import _lib, _program_order, _torch_stats
 from ._lib import VmmarenaConfigError, VmmarenaError
 
 KIND_CODES = {"package": 0, "transient": 1}  # vmm_kind, as vmm_torch_set_kind takes it
@@ -277,7 +277,8 @@ def install():
     installed PyTorch (build_native()) and registers it where PyTorch looks the CUDA allocator
     up. Must run before CUDA is initialized: right after `import torch`. Unless
     VMMARENA_GRAPH_EMPTY_CACHE=release, torch.cuda.graph's entry then keeps the cache for the
-    capture to reuse (_keep_cache_on_graph_entry). A second call does nothing. Raises
+    capture to reuse (_keep_cache_on_graph_entry), and torch.cuda.Event's record and wait tell
+    vmmarena the stream order the program makes (_program_order). A second call does nothing. Raises
     VmmarenaError saying why when CUDA is initialized already, when use_as_default() ran, when
     the shim lacks its C++ part, or when the class cannot be built (no compiler, another
     PyTorch version), and VmmarenaConfigError (a ValueError) for a bad VMMARENA_* value."""
@@ -300,4 +301,5 @@ def install():
             raise VmmarenaError(f"install(): {e}") from e
         if graph_empty_cache == "keep":
             _keep_cache_on_graph_entry(torch, handle)
+        _program_order.learn(torch)
         _allocator = module
