@@ -453,7 +453,7 @@ def test_a_wait_stream_lets_the_side_stream_reuse_pending_frees():
         z.fill_(3)
     check(not current.query(), "the current stream finished before the request: nothing to test")
     check(z.data_ptr() == x_ptr, f"the side stream, after wait_stream, got 0x{z.data_ptr():x}, not the freed 0x{x_ptr:x}")
-    check(usage().reserved_bytes == before.reserved_bytes, "new memory for a request the pending free could serve")
+    check(usage()["reserved_bytes"] == before["reserved_bytes"], "new memory for a request the pending free could serve")
     check(stream_waits() == waits, "vmmarena made a stream wait where the program had ordered it already")
     torch.cuda.synchronize()
     check(int(z.sum().item()) == 3 * n, "the side stream's data is wrong")
