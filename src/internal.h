@@ -769,7 +769,7 @@ typedef struct vmm_retiring {
   size_t bytes;         /* VA of the ranges retiring */
   size_t revivable;     /* of them, with handles */
   uint64_t serial;      /* ranges retired so far */
-  uint64_t handed_over; /* pooled mappings whose handles moved to a new range so far */
+  uint64_t handed_over; /* ranges handed to the list so far (vmm_retiring_add) */
   uint64_t revived;     /* ranges that served a request again */
   uint64_t revived_runs; /* of those, runs of a larger range's handles */
 } vmm_retiring;
