@@ -522,9 +522,9 @@ typedef struct vmm_snapshot {
   uint64_t pooled_taken_apart;                  /* pooled mappings taken apart to serve assemblies */
   uint64_t prefix_hits;                         /* whole-process mode: requests served in place by
                                                    the first handles of a larger pooled mapping */
-  uint64_t pooled_taken_apart_early;            /* of those, taken before the work of their free was
-                                                   known complete (whole-process mode): their
-                                                   ranges retire */
+  uint64_t ranges_handed_to_retiring;           /* whole-process mode: ranges retired so far, kept
+                                                   mapped on the retiring list instead of unmapped
+                                                   (retiring_ranges: those on it now) */
   uint64_t retiring_ranges, retiring_bytes;     /* ranges retiring now (whole-process mode): the old
                                                    ranges of pooled mappings an assembly took
                                                    apart, mapped still (unmapped by empty_cache, or

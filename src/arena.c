@@ -423,6 +423,7 @@ void vmm_arena_destroy(vmm_arena *a) {
   a->destroying = true; /* failures are logged, and nothing is kept for a retry */
   vmm_pages_fini(a);
   vmm_order_fini(a); /* waits for all work first */
+  vmm_join_fini(a);
   vmm_unmapper_stop(a);
   vmm_retiring_fini(a);
   vmm_ipc_fini(a); /* imports of other processes' memory still open */

@@ -8,6 +8,7 @@
  * waited from or synchronized on any stream: these are queries of the graph being built. Where
  * the driver lacks the queries, markers overflow or a walk runs past its bound, the answer is
  * "not yet", and the memory waits for the capture to end as before (stream_order.c). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -62,12 +63,27 @@ void vmm_join_record(vmm_arena *a, vmm_join *j, vmm_pool_id pool, CUstream freei
   j->capture = capture;
 }
 
-/* The nodes a walk has reached (an open-addressing set) and those still to expand. */
-typedef struct walk {
+/* The nodes a walk has reached (an open-addressing set) and those still to expand; one per
+ * arena (a->join_walk), used under the arena lock. */
+typedef struct vmm_join_walk {
   CUgraphNode seen[2 * JOIN_WALK];
   CUgraphNode todo[JOIN_WALK];
   size_t n_seen, n_todo;
 } walk;
+
+/* The arena's walk, emptied; made on the first walk: NULL on host OOM. */
+static walk *walk_begin(vmm_arena *a) {
+  if (!a->join_walk && !(a->join_walk = malloc(sizeof *a->join_walk))) return NULL;
+  walk *w = a->join_walk;
+  memset(w->seen, 0, sizeof w->seen);
+  w->n_seen = w->n_todo = 0;
+  return w;
+}
+
+void vmm_join_fini(vmm_arena *a) {
+  free(a->join_walk);
+  a->join_walk = NULL;
+}
 
 /* Adds a node to the walk unless reached already: false once the walk would pass its bound. */
 static bool reach(walk *w, CUgraphNode node) {
@@ -112,7 +128,7 @@ bool vmm_join_reached(vmm_arena *a, const vmm_join *j, CUstream stream) {
   size_t n;
   if (!capture_info(a, stream, &id, &deps, &edges, &n) || id != j->capture) return false;
   if (!left) return true; /* every use was on the request's stream: stream order */
-  walk *w = calloc(1, sizeof *w);
+  walk *w = walk_begin(a);
   bool ok = w != NULL;
   for (size_t i = 0; ok && i < n; i++) ok = !full_edge(edges, i) || reach(w, deps[i]);
   while (ok && left && w->n_todo) {
@@ -120,6 +136,5 @@ bool vmm_join_reached(vmm_arena *a, const vmm_join *j, CUstream stream) {
     left -= cross_off(j, stream, node, found);
     ok = !left || expand(a, w, node);
   }
-  free(w);
   return ok && !left;
 }

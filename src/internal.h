@@ -206,6 +206,8 @@ VMM_INTERNAL void vmm_join_record(vmm_arena *a, vmm_join *j, vmm_pool_id pool, C
  * same capture and each marker of another stream is reached backwards from its dependencies
  * (a bounded walk: past its bound, not yet). Asked only by vmm_order_may_serve (mechanism 2). */
 VMM_INTERNAL bool vmm_join_reached(vmm_arena *a, const vmm_join *j, CUstream stream);
+/* Destroy: frees the arena's walk (a->join_walk). */
+VMM_INTERNAL void vmm_join_fini(vmm_arena *a);
 
 /* ---- Handles (handle.c) -------------------------------------------------------------- */
 
@@ -779,7 +781,7 @@ typedef struct vmm_retiring {
   size_t bytes;         /* VA of the ranges retiring */
   size_t revivable;     /* of them, with handles */
   uint64_t serial;      /* ranges retired so far */
-  uint64_t handed_over; /* pooled mappings whose handles moved to a new range so far */
+  uint64_t handed_over; /* ranges handed to the list so far (vmm_retiring_add) */
   uint64_t revived;     /* ranges that served a request again */
   uint64_t revived_runs; /* of those, runs of a larger range's handles */
 } vmm_retiring;
@@ -1006,6 +1008,7 @@ struct vmm_arena {
   uint64_t allocated_bytes, allocated_peak, allocations, allocations_peak; /* vmm_usage */
   uint64_t refusals, cache_releases;
   uint32_t captures_underway;  /* vmm_arena_capture_begin minus _end: frees then ask about capture */
+  struct vmm_join_walk *join_walk; /* vmm_join_reached's nodes, one walk at a time (capture_join.c); NULL until the first */
   uint64_t scopes_begun, scopes_finished, scopes_aborted;
   vmm_driver_stats drv_stats[VMM_DRV_ENTRY_COUNT];
   uint64_t *tag_bytes;         /* live bytes by tag id */

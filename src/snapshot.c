@@ -35,7 +35,7 @@ static void fill(const vmm_arena *a, vmm_snapshot *s) {
   s->assembled_idle_handles = a->assembled_idle_handles;
   s->assembly_created_bytes = a->assembly_created_bytes;
   s->pooled_taken_apart = a->pooled_taken_apart;
-  s->pooled_taken_apart_early = a->retiring.handed_over;
+  s->ranges_handed_to_retiring = a->retiring.handed_over;
   s->prefix_hits = a->prefix_hits;
   s->retiring_ranges = a->retiring.count;
   s->retiring_bytes = a->retiring.bytes;
@@ -211,7 +211,7 @@ static const char *state_json(vmm_mapping_state s) {
 
 static void settings_json(jw *w, const vmm_arena *a, const vmm_snapshot *s) {
   static const char *const retain_modes[] = {"auto", "on", "off"};
-  printf_(w, "{\"schema\":\"vmmarena.snapshot\",\"version\":3,\"device\":%d,\"integrated\":%s,\"caching\":%s,",
+  printf_(w, "{\"schema\":\"vmmarena.snapshot\",\"version\":4,\"device\":%d,\"integrated\":%s,\"caching\":%s,",
           s->device, s->integrated ? "true" : "false", a->cfg.caching ? "true" : "false");
   printf_(w, "\"retention\":{\"mode\":\"%s\",\"enabled\":%s},", retain_modes[a->cfg.retain],
           s->retention_enabled ? "true" : "false");
@@ -246,7 +246,7 @@ static const field reuse_fields[] = {
 static const field assembly_fields[] = {
     FIELD(vmm_snapshot, assemblies), FIELD(vmm_snapshot, padded_assemblies), FIELD(vmm_snapshot, assembled_idle_handles),
     FIELD(vmm_snapshot, assembly_created_bytes), FIELD(vmm_snapshot, pooled_taken_apart),
-    FIELD(vmm_snapshot, pooled_taken_apart_early), FIELD(vmm_snapshot, retiring_ranges), FIELD(vmm_snapshot, prefix_hits),
+    FIELD(vmm_snapshot, ranges_handed_to_retiring), FIELD(vmm_snapshot, retiring_ranges), FIELD(vmm_snapshot, prefix_hits),
     FIELD(vmm_snapshot, retiring_bytes), FIELD(vmm_snapshot, revived_ranges), FIELD(vmm_snapshot, revived_runs),
     FIELD(vmm_snapshot, refills),
     FIELD(vmm_snapshot, run_hits), FIELD(vmm_snapshot, unmapped_in_background), FIELD(vmm_snapshot, grown_in_place),

@@ -537,7 +537,7 @@ static void assembly_takes_apart_early_and_the_old_ranges_retire(void **state) {
   vmm_snapshot s = snap(a);
   assert_int_equal(s.retiring_ranges, 2);
   assert_int_equal(s.retiring_bytes, 8 * MiB);
-  assert_int_equal(s.pooled_taken_apart_early, 2);
+  assert_int_equal(s.ranges_handed_to_retiring, 2);
   assert_int_equal(vmm_arena_check(a, NULL, 0), VMM_OK);
   void *v = alloc_in(a, 2 * MiB, T, S1, 0);
   fake_set_events_pending(0); /* the device caught up: the old ranges are kept, whole, to serve again */
@@ -2068,7 +2068,7 @@ static unsigned countdown_run(unsigned nth, CUresult code, int persistent, doubl
   if (nth) fake_fail_nth_any(nth, code, persistent);
   cd_scenario(&c);
   vmm_snapshot s = snap(c.a);
-  if (!nth) assert_true(s.pooled_taken_apart_early >= (grow ? 1u : 2u)); /* the scenario takes the early paths */
+  if (!nth) assert_true(s.ranges_handed_to_retiring >= (grow ? 1u : 2u)); /* the scenario takes the early paths */
   if (!nth && refill > 0.0) assert_int_equal(s.refills, 1);
   if (!nth) assert_true(grow ? s.grown_in_place >= 2 : s.grown_in_place == 0); /* growths replace some */
   unsigned fired = fake_faults_fired();
@@ -2136,7 +2136,7 @@ static void split_off_piece_keeps_record_stream_uses(void **state) {
   tu_free(a, six, S1);
   tu_free(a, four, S1);
   void *eight = tu_alloc(a, 8 * MiB, T, S3); /* the 6 MiB and the first handle of the 4 MiB */
-  assert_int_equal(tu_snapshot(a).pooled_taken_apart_early, 2);
+  assert_int_equal(tu_snapshot(a).ranges_handed_to_retiring, 2);
   void *two = tu_alloc(a, 2 * MiB, T, S3); /* the second handle, in place */
   assert_ptr_equal(two, (char *)four + 2 * MiB);
   size_t from = fake_call_count();
@@ -2167,7 +2167,7 @@ static void a_retired_range_keeps_record_stream_uses(void **state) {
   tu_free(a, two, S1);
   void *six = tu_alloc(a, 6 * MiB, T, S3); /* four's handles and two's, taken apart early */
   assert_true(six != four && six != two);
-  assert_int_equal(tu_snapshot(a).pooled_taken_apart_early, 2);
+  assert_int_equal(tu_snapshot(a).ranges_handed_to_retiring, 2);
   size_t from = fake_call_count();
   assert_int_equal(vmm_arena_empty_cache(a), VMM_OK);
   assert_int_equal(fake_violations(FAKE_VIOLATION_KINDS), 0); /* S2's kernel known complete before the unmap */

@@ -268,10 +268,10 @@ static void run_model(double refill, int background, int grow, int by_event) {
   vmm_snapshot s;
   assert_int_equal(vmm_arena_snapshot(m.a, &s), VMM_OK);
   printf("whole-process model (refill share %.1f, growth %s, stream order %s): %llu prefix hits, %llu ranges served again (%llu of "
-         "them runs), %llu taken apart early, %llu refills, %llu grown in place, %llu stream waits; the timeline judged %zu kernels "
+         "them runs), %llu ranges retired, %llu refills, %llu grown in place, %llu stream waits; the timeline judged %zu kernels "
          "(%zu graph replays) on 3 streams, no violation\n",
          refill, grow ? "on" : "off", by_event ? "event" : "completed", (unsigned long long)s.prefix_hits, (unsigned long long)s.revived_ranges,
-         (unsigned long long)s.revived_runs, (unsigned long long)s.pooled_taken_apart_early,
+         (unsigned long long)s.revived_runs, (unsigned long long)s.ranges_handed_to_retiring,
          (unsigned long long)s.refills, (unsigned long long)s.grown_in_place,
          (unsigned long long)s.driver[VMM_DRV_stream_wait_event].calls, m.kernels, m.replays);
   /* the default run takes every path (another seed may miss a rare one: they are its figures) */

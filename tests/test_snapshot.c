@@ -167,7 +167,7 @@ static const char *const kinds[] = {"package", "transient"};
  * lists agree with its figures. */
 static void assert_doc_matches(const json_t *d, const vmm_snapshot *s, vmm_arena *a) {
   assert_string_at(d, "schema", "vmmarena.snapshot");
-  assert_int_equal(u64(d, "version"), 3);
+  assert_int_equal(u64(d, "version"), 4);
   assert_int_equal(u64(d, "device"), (uint64_t)s->device);
   assert_int_equal(flag_at(d, "integrated"), s->integrated);
   assert_int_equal(flag_at(d, "retention.enabled"), s->retention_enabled);
@@ -211,6 +211,8 @@ static void assert_doc_matches(const json_t *d, const vmm_snapshot *s, vmm_arena
   assert_int_equal(u64(d, "pool.assembled_idle_handles"), s->assembled_idle_handles);
   assert_int_equal(u64(d, "pool.assembly_created_bytes"), s->assembly_created_bytes);
   assert_int_equal(u64(d, "pool.pooled_taken_apart"), s->pooled_taken_apart);
+  assert_int_equal(u64(d, "pool.ranges_handed_to_retiring"), s->ranges_handed_to_retiring);
+  assert_int_equal(u64(d, "pool.retiring_ranges"), s->retiring_ranges);
   assert_null(find(d, "pool.stitches"));
   /* The idle tier: the idle handles the kinds count as retained. */
   uint64_t idle = u64(d, "pool.idle_handles"), idle_bytes = u64(d, "pool.idle_bytes");

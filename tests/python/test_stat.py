@@ -83,6 +83,28 @@ class Sample(unittest.TestCase):
         self.assertEqual((rc, err), (0, ""))
         self.assertEqual(shown, self.shown.replace("(schema version 3)", "(schema version 2)"))
 
+    def test_retired_ranges_in_versions_3_and_4(self):
+        """Version 3 named pool.ranges_handed_to_retiring "pooled_taken_apart_early"; both show one line."""
+        line = "\n  retired   5 ranges handed to the retiring list, 2 on it now (8.0 MiB)\n"
+        v3 = json.loads(self.text)
+        v3["pool"].update(pooled_taken_apart_early=5, retiring_ranges=2, retiring_bytes=8 << 20)
+        rc, shown_v3, err = run_stat(stdin=json.dumps(v3).encode())
+        self.assertEqual((rc, err), (0, ""))
+        self.assertIn("(schema version 3)", shown_v3)
+        self.assertIn(line, shown_v3)
+        v4 = json.loads(self.text)
+        v4["version"] = 4
+        v4["pool"].update(ranges_handed_to_retiring=5, retiring_ranges=2, retiring_bytes=8 << 20)
+        rc, shown_v4, err = run_stat(stdin=json.dumps(v4).encode())
+        self.assertEqual((rc, err), (0, ""))
+        self.assertEqual(shown_v4, shown_v3.replace("(schema version 3)", "(schema version 4)"))
+        self.assertNotIn("retired", self.shown)  # none retired: no line
+        v4["pool"]["pooled_taken_apart_early"] = v4["pool"].pop("ranges_handed_to_retiring")
+        self.assertNotIn("retired", _stat.render(v4))  # the old name is no key of version 4
+        v4["pool"]["ranges_handed_to_retiring"] = "5"
+        with self.assertRaisesRegex(_stat.SnapshotError, r'snapshot key "pool.ranges_handed_to_retiring" is a string'):
+            _stat.render(v4)
+
     def test_standard_input(self):
         self.assertEqual(run_stat("-", stdin=self.text)[:2], (0, self.shown))
         self.assertEqual(run_stat(stdin=self.text)[:2], (0, self.shown))
@@ -168,7 +190,9 @@ class BadInput(unittest.TestCase):
         self.check("schema_type", '{"schema": 3}',
                    r'not a vmmarena snapshot \("schema" is a number, expected "vmmarena.snapshot"\)$')
         self.check("version", '{"schema": "vmmarena.snapshot", "version": 1}',
-                   r"snapshot version 1 is not supported \(this tool reads versions 2 and 3\)")
+                   r"snapshot version 1 is not supported \(this tool reads versions 2 to 4\)")
+        self.check("version_5", self.sample.replace('"version": 3', '"version": 5'),
+                   r"snapshot version 5 is not supported \(this tool reads versions 2 to 4\)")
 
     def test_a_text_file_and_a_json_file_that_is_no_snapshot(self):
         """What a new user hands it first: any text file, any JSON file."""

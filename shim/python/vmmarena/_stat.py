@@ -9,10 +9,12 @@ key, or the line and column, of the first thing wrong.
 import json
 
 SCHEMA = "vmmarena.snapshot"
-VERSION = 3
+VERSION = 4
 # Version 2 called the idle tier "retained" in the kinds and "idle_unmapped" in the pool.
 RENAMED_IN_3 = {"retained_count": "idle_count", "retained_bytes": "idle_bytes",
                 "idle_unmapped_handles": "idle_handles", "idle_unmapped_bytes": "idle_bytes"}
+# Version 3 called pool.ranges_handed_to_retiring "pooled_taken_apart_early".
+RENAMED_IN_4 = {"pooled_taken_apart_early": "ranges_handed_to_retiring"}
 KINDS = ("package", "transient")
 STATES = ("live", "pooled", "freeing", "deferred", "abandoned", "paused")
 TAG_WIDTH = 32
@@ -23,7 +25,7 @@ _MISSING = object()
 
 
 class SnapshotError(ValueError):
-    """The input is not valid JSON or not a version-2 or version-3 vmmarena snapshot."""
+    """The input is not valid JSON or not a vmmarena snapshot of version 2, 3 or 4."""
 
 
 def _reject_constant(name):
@@ -124,8 +126,8 @@ class _Doc:
             )
         return node
 
-    def u64(self, path):
-        v = self.get(path, "number")
+    def u64(self, path, default=_MISSING):
+        v = self.get(path, "number", default=default)
         if isinstance(v, float) or v < 0 or v >= 1 << 64:
             raise SnapshotError(f'snapshot key "{path}" is {v}, expected a non-negative integer')
         return v
@@ -224,6 +226,12 @@ def _pool(d, out):
         f"{d.u64('pool.assembled_idle_handles')} idle handles, {fmt_bytes(d.u64('pool.assembly_created_bytes'))} "
         f"created, {d.u64('pool.pooled_taken_apart')} pooled mappings taken apart)"
     )
+    handed = d.u64("pool.ranges_handed_to_retiring", default=0)  # whole-process mode; absent in old snapshots
+    if handed:
+        out.append(
+            f"  retired   {handed} ranges handed to the retiring list, {d.u64('pool.retiring_ranges')} on it now "
+            f"({fmt_bytes(d.u64('pool.retiring_bytes'))})"
+        )
     for i in range(len(buckets)):
         size, count = d.u64(f"pool.buckets[{i}].size"), d.u64(f"pool.buckets[{i}].count")
         if i < BUCKETS_SHOWN:
@@ -341,15 +349,18 @@ def _inventory(d, out):
             )
 
 
-def _renamed(doc):
-    """A version-2 document with the names of version 3."""
+def _renamed(doc, version):
+    """A document of version 2 or 3 with the names of the current version."""
     out = dict(doc)
-    for section in ("kinds", "pool"):
-        if isinstance(doc.get(section), dict):
-            out[section] = {RENAMED_IN_3.get(k, k): v for k, v in doc[section].items()}
-    if isinstance(out.get("kinds"), dict):
-        out["kinds"] = {kind: {RENAMED_IN_3.get(k, k): v for k, v in stats.items()} if isinstance(stats, dict) else stats
-                        for kind, stats in out["kinds"].items()}
+    if version == 2:
+        for section in ("kinds", "pool"):
+            if isinstance(doc.get(section), dict):
+                out[section] = {RENAMED_IN_3.get(k, k): v for k, v in doc[section].items()}
+        if isinstance(out.get("kinds"), dict):
+            out["kinds"] = {kind: {RENAMED_IN_3.get(k, k): v for k, v in stats.items()} if isinstance(stats, dict)
+                            else stats for kind, stats in out["kinds"].items()}
+    if isinstance(out.get("pool"), dict):
+        out["pool"] = {RENAMED_IN_4.get(k, k): v for k, v in out["pool"].items()}
     return out
 
 
@@ -368,10 +379,10 @@ def render(doc):
         raise SnapshotError(f'not a vmmarena snapshot ("schema" is "{_printable(schema, 40)}", expected "{SCHEMA}")')
     d = _Doc(doc)
     version = d.u64("version")
-    if version not in (2, VERSION):
-        raise SnapshotError(f"snapshot version {version} is not supported (this tool reads versions 2 and {VERSION})")
-    if version == 2:
-        d = _Doc(_renamed(doc))
+    if version not in (2, 3, VERSION):
+        raise SnapshotError(f"snapshot version {version} is not supported (this tool reads versions 2 to {VERSION})")
+    if version < VERSION:
+        d = _Doc(_renamed(doc, version))
     out = []
     for section in (_header, _totals, _kinds, _pool, _refusals_and_scope, _tags, _driver, _errors, _inventory):
         section(d, out)
