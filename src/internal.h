@@ -254,7 +254,7 @@ VMM_INTERNAL size_t vmm_handle_bound(const vmm_arena *a, size_t fresh);
  *   LIVE       table only; a carved page (sub-state: `page` set) is also in its page set
  *              (pages.c: the set's partial list while a slot is free). requested, stream (of
  *              the request), uses (record_stream) are the allocation's.
- *   POOLED     table + the pool: bucket, pool_next, pool_prev; stream, free_epoch, free_seq
+ *   POOLED     table + the pool: bucket, pool_next, pool_prev; stream, free_seq
  *              and uses describe the free. Sub-states: "out of the pool" (bucket NULL: a hit,
  *              an assembly or a drain has removed it and changes its state, or pushes it back,
  *              before the lock is released; vmm_mapping_in_pool); "chosen" (in an assembly's
@@ -296,8 +296,7 @@ typedef struct vmm_mapping {
   uint32_t reservation;   /* reservation holding the range */
   uint64_t scope_id;      /* scope it was allocated in (0 = outside any) */
   CUstream stream;        /* stream of the latest alloc or free */
-  uint64_t free_epoch;    /* arena quiesce epoch at the latest free */
-  uint64_t free_seq;      /* the arena's count of pooled frees at its latest free (fences) */
+  uint64_t free_seq;      /* the arena's count of pooled frees at its latest free (quiesce, fences, marks) */
   vmm_pool_id graph_pool; /* the graph's pool it belongs to (VMM_POOL_SHARED: none) */
   struct vmm_page *page;  /* the page carved from it (pages.c), or NULL */
   CUstream *uses;         /* streams added by vmm_arena_record_stream (heap array), ordered before reuse */
@@ -346,7 +345,7 @@ struct vmm_request;
 VMM_INTERNAL void vmm_mapping_hand_out(vmm_arena *a, vmm_mapping *m, const struct vmm_request *req, uint64_t scope_id);
 /* Adds a stream that uses m (vmm_arena_record_stream); -1 on host out-of-memory, nothing changed. */
 VMM_INTERNAL int vmm_mapping_add_use(vmm_mapping *m, CUstream stream);
-/* LIVE -> POOLED, freed on `stream` at the current quiesce epoch. -1 (nothing changed) when
+/* LIVE -> POOLED, freed on `stream`, numbered in a->free_seq. -1 (nothing changed) when
  * no bucket could be allocated. */
 VMM_INTERNAL int vmm_mapping_pool(vmm_arena *a, vmm_mapping *m, CUstream stream);
 /* LIVE -> DEFERRED (freed on a capturing stream; see vmm_order_deferred_push). */
@@ -661,15 +660,15 @@ typedef struct vmm_fence {
 } vmm_fence;
 
 /* The work that may still use freed memory: what was queued on `stream` and on `uses` when
- * the free numbered `seq` came, at quiesce epoch `epoch`. A slot wait's work is its one other
- * stream with `event`, the wait's own event (recorded on it after the free; *event NULL before),
- * and no epoch (UINT64_MAX: a quiesce does not end it); a mapping's or a range's has event NULL
- * and is known complete through the fences. */
+ * the free numbered `seq` (a->free_seq) came. A slot wait's work is its one other stream with
+ * `event`, the wait's own event (recorded on it after the free; *event NULL before), which a
+ * quiesce does not end; a mapping's or a range's has event NULL and is known complete by a
+ * quiesce after it or through the fences. */
 typedef struct vmm_free_work {
   CUstream stream;
   CUstream *uses;
   uint32_t use_count;
-  uint64_t epoch, seq;
+  uint64_t seq;
   CUevent *event;
 } vmm_free_work;
 
@@ -694,27 +693,27 @@ VMM_INTERNAL vmm_reuse_ctx vmm_order_reuse_anywhere(vmm_arena *a);
 /* THE ONE ANSWER to "may memory freed with work *w serve a request on c->stream now?"; every
  * reuse asks it: pooled mappings (arena.c hit_usable, assembly.c can_take_apart and
  * graph_takes_apart), retired ranges and their givers (retiring.c), page slots' waits (pages.c
- * release_waits). The mechanisms, asked in this order, the first that answers yes wins:
- *  1. quiesce: w->epoch is below the arena's (a context synchronize came after the free);
- *  2. joined inside a capture: `markers` (the free markers, capture_join.c) are all reached
- *     from c->stream's capture dependencies (vmm_join_reached; ignored where c->anywhere);
- *  then, for each stream of the work (the freeing stream, each record_stream use):
- *  3. ordered by the program (never where c->anywhere): it is c->stream, or, c->stream not
- *     capturing, the program made c->stream wait for it at a mark taken after the free
+ * release_waits). Yes when the work, on every stream of it (the freeing stream, each
+ * record_stream use), is
+ *  A. ordered before c->stream by the program (never where c->anywhere): the streams joined
+ *     inside a capture (`markers`, the free markers, all reached from c->stream's capture
+ *     dependencies: vmm_join_reached, capture_join.c); or the stream is c->stream; or, c->stream
+ *     not capturing, the program made c->stream wait for it at a mark taken after the free
  *     (vmm_arena_stream_waited);
- *  4. known complete, queried with no host wait: where !c->by_event, a fence event recorded on
- *     it after the free has completed (cuEventQuery; recorded here where none is pending);
- *     a slot wait's own event (w->event) instead of the fence;
- *  5. ordered by event, only where c->by_event (the policy orders by event, or
- *     VMMARENA_STREAM_ORDER=event, or the last resort) and neither stream captures: c->stream is
- *     made to wait for an event recorded on it now (a slot wait's: the one of its free).
- * With c->by_event, 4 is not asked; where c->anywhere, only 1 and 4 (every stream, all asked
- * so that each fence is recorded). Graph-pool membership, kind and a page's tag are not asked
- * here: they are keys of the pool and page sets (arena.c hit_usable, pages.c vmm_page_key). */
+ *  B. or known complete, with no host wait: a quiesce came after the free (w->seq at most
+ *     a->quiesced_seq); or, where !c->by_event, a fence event recorded on the stream after the
+ *     free has completed (cuEventQuery; recorded here where none is pending), for a slot wait
+ *     its own event (w->event; a quiesce does not end it);
+ *  C. or, only where c->by_event (the policy orders by event, VMMARENA_STREAM_ORDER=event, or
+ *     the last resort), ordered by an event of the arena's, neither stream capturing: c->stream
+ *     is made to wait for an event recorded on the stream now (a slot wait's: that of its free).
+ * Where c->anywhere only B is asked, of every stream (so that each fence is recorded).
+ * Graph-pool membership, kind and a page's tag are not asked here: they are keys of the pool
+ * and page sets (arena.c hit_usable, pages.c vmm_page_key). */
 VMM_INTERNAL bool vmm_order_may_serve(vmm_reuse_ctx *c, const vmm_free_work *w, const vmm_join *markers);
 /* The work of pooled mapping m's free, for vmm_order_may_serve (no copy of its uses). */
 static inline vmm_free_work vmm_order_work_of(const vmm_mapping *m) {
-  return (vmm_free_work){m->stream, m->uses, m->use_count, m->free_epoch, m->free_seq, NULL};
+  return (vmm_free_work){m->stream, m->uses, m->use_count, m->free_seq, NULL};
 }
 /* True if m's freeing stream could be waited for now (not capturing), or need not be. */
 VMM_INTERNAL bool vmm_order_can_wait_for_free(vmm_arena *a, const vmm_mapping *m);
@@ -727,8 +726,8 @@ VMM_INTERNAL vmm_status vmm_order_wait_for_free(vmm_arena *a, const vmm_mapping 
                                           size_t *n_waited, size_t cap);
 /* Waits for the work queued on `stream` (called without the arena's lock). */
 VMM_INTERNAL CUresult vmm_order_stream_wait(vmm_arena *a, CUstream stream);
-/* Waits for all work on the device; then every earlier free is ordered before any later use
- * (the epoch rises). */
+/* Waits for all work on the device; then every free so far is known complete
+ * (a->quiesced_seq = a->free_seq). */
 VMM_INTERNAL vmm_status vmm_order_quiesce(vmm_arena *a);
 /* Destroy: waits for all work on the device and destroys the order event. */
 VMM_INTERNAL void vmm_order_fini(vmm_arena *a);
@@ -991,7 +990,7 @@ struct vmm_arena {
   bool scope_finishing;        /* vmm_retention_finish is giving the scope's memory back */
   uint64_t scope_id, next_scope_id;
   vmm_id_set aborted_scopes;
-  uint64_t epoch;              /* raised by every quiesce */
+  uint64_t quiesced_seq;       /* free_seq at the latest quiesce: every free numbered at most it is complete */
 
   /* counters */
   vmm_kind_stats kind[VMM_KIND_COUNT];

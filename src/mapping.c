@@ -168,13 +168,11 @@ int vmm_mapping_pool(vmm_arena *a, vmm_mapping *m, CUstream stream) {
   if (merges) absorb_tail(a, m, stream);
   if (merges && vmm_store_pool_reserve(&a->store.pool, 1) == 0) m = merge_into_before(a, m, stream);
   CUstream old_stream = m->stream;
-  uint64_t old_epoch = m->free_epoch;
-  m->stream = stream;
-  m->free_epoch = a->epoch; /* reuse elsewhere and unmapping wait for this stream until a quiesce */
-  m->free_seq = ++a->free_seq;  /* or until a fence recorded after it completes */
+  m->stream = stream; /* reuse elsewhere and unmapping wait for this stream ... */
+  m->free_seq = ++a->free_seq; /* ... until a quiesce, a fence or the program's wait after this */
   vmm_join_record(a, &m->join, m->graph_pool, stream, m->uses, m->use_count); /* during a capture: its free markers */
   if (vmm_store_pool_push(&a->store.pool, m)) {
-    m->stream = old_stream, m->free_epoch = old_epoch;
+    m->stream = old_stream;
     return -1;
   }
   set_state(a, m, VMM_MAP_POOLED);
@@ -265,7 +263,7 @@ void vmm_mapping_split_off(vmm_arena *a, vmm_mapping *m, uint32_t k, CUstream *u
   size_t size = handle_bytes(m, 0, k);
   vmm_assert(k > 0 && k < m->handle_count && (uses || !m->use_count));
   *range = (vmm_retiring_range){m->base, size, m->reservation, m->graph_pool,
-                                {m->stream, uses, uses ? m->use_count : 0, m->free_epoch, m->free_seq, NULL}};
+                                {m->stream, uses, uses ? m->use_count : 0, m->free_seq, NULL}};
   vmm_accounting_add_stat(a, m->kind, m->state, m->extent, -1);
   vmm_table_remove(&a->table, m->base);
   memmove(m->handles, m->handles + k, (m->handle_count - k) * sizeof *m->handles);
@@ -297,7 +295,7 @@ static vmm_mapping *part_record(const vmm_mapping *m, uint32_t k, uint32_t n, si
   t->base = m->base + offset, t->extent = bytes, t->reservation = m->reservation;
   t->kind = m->kind, t->graph_pool = m->graph_pool, t->tag = m->tag, t->scope_id = m->scope_id;
   t->stream = m->stream, t->uses = uses, t->use_count = m->use_count;
-  t->free_epoch = m->free_epoch, t->free_seq = m->free_seq;
+  t->free_seq = m->free_seq;
   t->join = m->join;
   t->state = VMM_MAP_POOLED;
   t->before = m->base + before; /* a tail: m->base is never 0 */
@@ -356,7 +354,7 @@ vmm_status vmm_mapping_end_unmapped(vmm_arena *a, vmm_mapping *m, bool retain, s
 
 void vmm_mapping_end_retiring(vmm_arena *a, vmm_mapping *m, vmm_retiring_range *range) {
   *range = (vmm_retiring_range){m->base, m->extent, m->reservation, m->graph_pool,
-                                {m->stream, m->uses, m->use_count, m->free_epoch, m->free_seq, NULL}};
+                                {m->stream, m->uses, m->use_count, m->free_seq, NULL}};
   m->uses = NULL;
   m->use_count = 0;
   a->mapped_bytes -= m->extent; /* mapped still, but by a retiring range, no longer a mapping */

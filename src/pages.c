@@ -136,7 +136,7 @@ static size_t release_waits(vmm_arena *a, vmm_page_set *s, bool by_event) {
   vmm_reuse_ctx c = {a, s->key.stream, by_event ? vmm_order_capturing(a, s->key.stream) : -1, by_event, false};
   for (vmm_slot_wait **link = &s->waits; *link;) {
     vmm_slot_wait *w = *link;
-    vmm_free_work work = {w->stream, NULL, 0, UINT64_MAX, w->seq, &w->event};
+    vmm_free_work work = {w->stream, NULL, 0, w->seq, &w->event};
     if (!vmm_order_may_serve(&c, &work, &w->join)) {
       link = &w->next;
       continue;

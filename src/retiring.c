@@ -313,8 +313,9 @@ vmm_status vmm_retiring_drain(vmm_arena *a, const char *what) {
     vmm_free_work *w = &r->items[i].work;
     if (r->items[i].graph_pool != VMM_POOL_SHARED) continue; /* a live graph's: its replays use it */
     bool skipped = false;
-    vmm_status st = w->epoch < a->epoch ? VMM_OK : wait_stream(a, w->stream, what, &skipped);
-    for (uint32_t k = 0; k < w->use_count && st == VMM_OK && w->epoch >= a->epoch; k++)
+    bool quiesced = w->seq <= a->quiesced_seq;
+    vmm_status st = quiesced ? VMM_OK : wait_stream(a, w->stream, what, &skipped);
+    for (uint32_t k = 0; k < w->use_count && st == VMM_OK && !quiesced; k++)
       st = wait_stream(a, w->uses[k], what, &skipped);
     if (st != VMM_OK) return st;
     if (!skipped) unmap_one(a, i, what, false); /* the cache is given back: no queue */

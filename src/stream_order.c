@@ -1,10 +1,9 @@
-/* Stream order: when freed memory may be used again (vmm_order_may_serve). Reuse on the
- * freeing stream is immediate; on another stream once the program ordered it after the free
- * (its own waits, vmm_arena_stream_waited), the free is known complete (fences), or, where the
- * policy allows, after an event; nothing is recorded on, waited from or synchronized on a
- * capturing stream. Inside a capture, a graph's memory is
- * reused once the streams join (capture_join.c). Frees of shared memory on a capturing stream
- * are deferred until the capture is over. */
+/* Stream order: when freed memory may be used again (vmm_order_may_serve), in three answers.
+ * Ordered by the program: the same stream, a wait the program made (vmm_arena_stream_waited),
+ * or, inside a capture, the streams' join (capture_join.c). Known complete: a quiesce after the
+ * free, or a fence event queried. Ordered by an event of the arena's, where the policy allows.
+ * Nothing is recorded on, waited from or synchronized on a capturing stream; frees of shared
+ * memory on a capturing stream are deferred until the capture is over. */
 #include <stdlib.h>
 
 #include "internal.h"
@@ -76,9 +75,9 @@ static bool stream_done(vmm_arena *a, CUstream s, uint64_t seq);
 
 static vmm_fence *fence_find(vmm_arena *a, CUstream s);
 
-/* Mechanism 3: the work on `s` that freed number `seq` is before c->stream's next work in the
- * program's own order: the same stream, or a wait the program made (vmm_arena_stream_waited)
- * at a later mark, while c->stream does not capture (a graph replays outside that order). */
+/* A: the work on `s` that freed number `seq` is before c->stream's next work in the program's
+ * own order: the same stream, or a wait the program made (vmm_arena_stream_waited) at a later
+ * mark, while c->stream does not capture (a graph replays outside that order). */
 static bool program_ordered(vmm_reuse_ctx *c, CUstream s, uint64_t seq) {
   if (c->anywhere) return false;
   if (s == c->stream) return true;
@@ -88,21 +87,6 @@ static bool program_ordered(vmm_reuse_ctx *c, CUstream s, uint64_t seq) {
   return false;
 }
 
-/* Mechanisms 3 and 4 through the fences: each stream of w is ordered before c->stream by the
- * program or known complete. Stops at the first that is neither, unless c->anywhere (then each
- * fence is asked). */
-static bool known_complete(vmm_reuse_ctx *c, const vmm_free_work *w) {
-  vmm_arena *a = c->a;
-  bool queryable = a->drv->version >= 3 && a->drv->event_query;
-  bool done = true;
-  for (int64_t i = -1; i < (int64_t)w->use_count; i++) {
-    CUstream s = i < 0 ? w->stream : w->uses[i];
-    if (program_ordered(c, s, w->seq)) continue;
-    done = queryable && stream_done(a, s, w->seq) && done;
-    if (!done && !c->anywhere) return false;
-  }
-  return done;
-}
 
 /* Mechanisms 4 and 5 for a slot wait: its own event, recorded here where the free could not
  * (the other stream captured then), is known complete or, by event, waited for by c->stream;
@@ -117,19 +101,23 @@ static bool slot_event_over(vmm_reuse_ctx *c, const vmm_free_work *w) {
 }
 
 bool vmm_order_may_serve(vmm_reuse_ctx *c, const vmm_free_work *w, const vmm_join *markers) {
-  if (w->epoch < c->a->epoch) return true; /* 1: quiesced */
-  if (!c->anywhere && markers && markers->capture && vmm_join_reached(c->a, markers, c->stream)) return true; /* 2 */
-  if (w->event) return program_ordered(c, w->stream, w->seq) || slot_event_over(c, w); /* 3; 4 or 5 */
-  if (!c->by_event) return known_complete(c, w); /* 3, 4 */
-  for (int64_t i = -1; i < (int64_t)w->use_count; i++) { /* 3, 5 */
+  vmm_arena *a = c->a;
+  if (!c->anywhere && markers && markers->capture && vmm_join_reached(a, markers, c->stream)) return true; /* A */
+  if (w->event) return program_ordered(c, w->stream, w->seq) || slot_event_over(c, w); /* A, B or C */
+  bool queryable = a->drv->version >= 3 && a->drv->event_query;
+  bool all = true;
+  for (int64_t i = -1; i < (int64_t)w->use_count; i++) {
     CUstream s = i < 0 ? w->stream : w->uses[i];
-    if (!program_ordered(c, s, w->seq) && !order_after(c, s)) return false;
+    if (program_ordered(c, s, w->seq) || w->seq <= a->quiesced_seq) continue; /* A; B by a quiesce */
+    if (c->by_event ? order_after(c, s) : queryable && stream_done(a, s, w->seq)) continue; /* C; B by a fence */
+    all = false;
+    if (!c->anywhere) return false;
   }
-  return true;
+  return all;
 }
 
 bool vmm_order_can_wait_for_free(vmm_arena *a, const vmm_mapping *m) {
-  return m->free_epoch != a->epoch || !vmm_order_capturing(a, m->stream);
+  return m->free_seq <= a->quiesced_seq || !vmm_order_capturing(a, m->stream);
 }
 
 /* Waits for one stream that used pooled mapping m, unless waited already (see below). */
@@ -158,7 +146,7 @@ static vmm_status wait_for_one(vmm_arena *a, const vmm_mapping *m, CUstream s, c
 
 vmm_status vmm_order_wait_for_free(vmm_arena *a, const vmm_mapping *m, const char *what, CUstream *waited, size_t *n_waited,
                              size_t cap) {
-  if (m->free_epoch != a->epoch) return VMM_OK; /* a quiesce came after the free */
+  if (m->free_seq <= a->quiesced_seq) return VMM_OK; /* a quiesce came after the free */
   vmm_status st = wait_for_one(a, m, m->stream, what, waited, n_waited, cap);
   for (uint32_t i = 0; i < m->use_count && st == VMM_OK; i++) st = wait_for_one(a, m, m->uses[i], what, waited, n_waited, cap);
   return st;
@@ -170,7 +158,7 @@ vmm_status vmm_order_quiesce(vmm_arena *a) {
   CUresult r = VMM_DRV(a, ctx_synchronize);
   if (r != CUDA_SUCCESS)
     return vmm_errors_fail_driver(a, r, VMM_DRV_ctx_synchronize, "synchronizing device %d to quiesce", a->cfg.device);
-  a->epoch++; /* every free before now is ordered before any later use */
+  a->quiesced_seq = a->free_seq; /* every free before now is complete */
   return VMM_OK;
 }
 
