@@ -204,7 +204,7 @@ VMM_INTERNAL void vmm_join_record(vmm_arena *a, vmm_join *j, vmm_pool_id pool, C
                                   uint32_t n_uses);
 /* Whether memory with markers *j may serve a request on `stream` now: `stream` captures in the
  * same capture and each marker of another stream is reached backwards from its dependencies
- * (a bounded walk: past its bound, not yet). Asked only by vmm_order_may_serve (mechanism 2). */
+ * (a bounded walk: past its bound, not yet). Asked only by vmm_order_may_serve (answer A). */
 VMM_INTERNAL bool vmm_join_reached(vmm_arena *a, const vmm_join *j, CUstream stream);
 /* Destroy: frees the arena's walk (a->join_walk). */
 VMM_INTERNAL void vmm_join_fini(vmm_arena *a);
@@ -642,7 +642,7 @@ VMM_INTERNAL int vmm_pages_check(const vmm_arena *a, const vmm_mapping *m, uint6
 
 /* ---- Stream order (stream_order.c) --------------------------------------------------- */
 
-/* What is known of a stream's frees (one per stream that freed pooled memory or was marked):
+/* What is known of a stream's frees (one per stream asked about or waited for by another):
  * an event recorded when a free of it is asked about, queried when one is asked about again
  * (a free numbered at most `recorded` is complete once the event is; `completed` remembers the
  * highest such number); and the streams the program made wait for it (vmm_arena_stream_waited:
@@ -779,8 +779,7 @@ typedef struct vmm_retiring {
   size_t count, cap;
   size_t bytes;         /* VA of the ranges retiring */
   size_t revivable;     /* of them, with handles */
-  uint64_t serial;      /* ranges retired so far */
-  uint64_t handed_over; /* ranges handed to the list so far (vmm_retiring_add) */
+  uint64_t serial;      /* ranges handed to the list so far (vmm_retiring_add) */
   uint64_t revived;     /* ranges that served a request again */
   uint64_t revived_runs; /* of those, runs of a larger range's handles */
 } vmm_retiring;

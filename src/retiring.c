@@ -39,7 +39,6 @@ void vmm_retiring_add(vmm_arena *a, const vmm_retiring_range *range) {
   vmm_retiring_range x = *range;
   x.serial = ++r->serial;
   put_item(r, &x);
-  r->handed_over++;
 }
 
 /* Item i leaves the list (replaced by the last); returns it. */

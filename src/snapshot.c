@@ -35,7 +35,7 @@ static void fill(const vmm_arena *a, vmm_snapshot *s) {
   s->assembled_idle_handles = a->assembled_idle_handles;
   s->assembly_created_bytes = a->assembly_created_bytes;
   s->pooled_taken_apart = a->pooled_taken_apart;
-  s->ranges_handed_to_retiring = a->retiring.handed_over;
+  s->ranges_handed_to_retiring = a->retiring.serial;
   s->prefix_hits = a->prefix_hits;
   s->retiring_ranges = a->retiring.count;
   s->retiring_bytes = a->retiring.bytes;

@@ -87,8 +87,7 @@ static bool program_ordered(vmm_reuse_ctx *c, CUstream s, uint64_t seq) {
   return false;
 }
 
-
-/* Mechanisms 4 and 5 for a slot wait: its own event, recorded here where the free could not
+/* B or C for a slot wait: its own event, recorded here where the free could not
  * (the other stream captured then), is known complete or, by event, waited for by c->stream;
  * nothing is recorded or waited for while c->stream captures and orders by event (its graph
  * would wait on outside work). */

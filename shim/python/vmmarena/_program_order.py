@@ -19,8 +19,7 @@ _MARK = "_vmmarena_mark"  # on an event: (device, stream handle, mark) of its la
 
 
 def _heard(torch, stream):
-    """`stream` (None: the current one) when it is a stream PyTorch made, else None."""
-    stream = torch.cuda.current_stream() if stream is None else stream
+    """`stream` when it is a stream PyTorch made, else None."""
     if isinstance(stream, torch.cuda.Stream) and not isinstance(stream, torch.cuda.ExternalStream):
         return stream
     return None
